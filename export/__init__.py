@@ -1,0 +1,1 @@
+"""The wire between edge and server: ONNX export/validation and the bundle format."""

@@ -1,0 +1,136 @@
+"""Device profiles: what a device can afford for local training and inference.
+
+A profile is a small TOML file that people write (one per device kind, sources in comments). This module
+is stdlib only so it can be imported anywhere, including on the smallest device.
+
+FLOPs follow ``torch.utils.flop_counter.FlopCounterMode``: one multiply-accumulate counts as 2 FLOPs,
+and only convolutions and matrix products are counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from profiles.errors import ProfileError
+
+__all__ = ["ROLES", "DeviceProfile", "list_profiles", "load_profile", "profile_to_toml"]
+
+ROLES = ("classifier", "cvae")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceProfile:
+    """Budgets of one device.
+
+    Attributes:
+        name: short identifier, e.g. ``"raspberry-pi-4"``.
+        description: one human line.
+        memory_mb: memory the device can give to local training (MB).
+        gflops: sustained fp32 throughput (GFLOP/s) and ``gflops_source`` says where it comes from.
+        max_flops: inference FLOPs per sample (2 x MACs) a model may cost.
+        max_params: parameter count a model may have.
+        role: ``"classifier"`` (search + train a classifier) or ``"cvae"`` (train a conditional VAE).
+        time_budget_s: wall-clock seconds the device may spend on local work.
+    """
+
+    name: str
+    description: str = ""
+    memory_mb: float
+    gflops: float
+    gflops_source: str = ""
+    max_flops: int
+    max_params: int
+    role: str = "classifier"
+    time_budget_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ProfileError(f"profile name must be a non-empty string, got {self.name!r}")
+        for field in ("memory_mb", "gflops", "max_flops", "max_params", "time_budget_s"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ProfileError(
+                    f"profile {self.name!r}: {field} must be a positive number, got {value!r}"
+                )
+        if self.role not in ROLES:
+            raise ProfileError(f"profile {self.name!r}: role must be one of {ROLES}, got {self.role!r}")
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_mb * 1024 * 1024)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object], *, source: str = "<dict>") -> DeviceProfile:
+        """Build a profile from a mapping, rejecting unknown keys with the list of valid ones."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ProfileError(f"{source}: unknown profile keys {unknown}; valid keys are {sorted(fields)}")
+        required = {
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
+        missing = sorted(required - set(data))
+        if missing:
+            raise ProfileError(f"{source}: missing profile keys {missing}")
+        try:
+            return cls(**data)  # type: ignore[arg-type]
+        except TypeError as err:
+            raise ProfileError(f"{source}: {err}") from err
+
+
+def _shipped() -> dict[str, resources.abc.Traversable]:
+    root = resources.files("profiles.devices")
+    return {p.name[: -len(".toml")]: p for p in root.iterdir() if p.name.endswith(".toml")}
+
+
+def list_profiles() -> list[str]:
+    """Names of the profiles shipped with the toolkit, sorted."""
+    return sorted(_shipped())
+
+
+def load_profile(name_or_path: str | Path) -> DeviceProfile:
+    """Load a shipped profile by name, or any profile TOML by path."""
+    path = Path(name_or_path)
+    shipped = _shipped()
+    if str(name_or_path) in shipped:
+        text = shipped[str(name_or_path)].read_text(encoding="utf-8")
+        source = f"profile {name_or_path!r}"
+    elif path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ProfileError(f"profile file {path} does not exist; shipped profiles: {list_profiles()}")
+        text = path.read_text(encoding="utf-8")
+        source = str(path)
+    else:
+        raise ProfileError(
+            f"unknown profile {str(name_or_path)!r}; expected a path to a .toml file or one of {list_profiles()}"
+        )
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ProfileError(f"{source}: not valid TOML ({err}); fix the file") from err
+    return DeviceProfile.from_dict(data, source=source)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def profile_to_toml(profile: DeviceProfile, *, comments: list[str] | None = None) -> str:
+    """Render a profile as TOML (the same schema ``load_profile`` reads)."""
+    lines = [f"# {line}" for line in comments or []]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in profile.to_dict().items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Shipped device profiles (TOML package data)."""

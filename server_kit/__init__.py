@@ -1,0 +1,1 @@
+"""Server toolkit: load client bundles as teachers, synthesize data, distill a global student."""
