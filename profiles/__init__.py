@@ -10,6 +10,7 @@ and only convolutions and matrix products are counted.
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -35,6 +36,7 @@ class DeviceProfile:
         max_params: parameter count a model may have.
         role: ``"classifier"`` (search + train a classifier) or ``"cvae"`` (train a conditional VAE).
         time_budget_s: wall-clock seconds the device may spend on local work.
+        cores: CPU cores of the device, 0 when unknown (measured profiles record it; informational).
     """
 
     name: str
@@ -46,6 +48,7 @@ class DeviceProfile:
     max_params: int
     role: str = "classifier"
     time_budget_s: float = 3600.0
+    cores: int = 0
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -53,9 +56,12 @@ class DeviceProfile:
         for field in ("memory_mb", "gflops", "max_flops", "max_params", "time_budget_s"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ProfileError(
-                    f"profile {self.name!r}: {field} must be a positive number, got {value!r}"
-                )
+                raise ProfileError(f"profile {self.name!r}: {field} must be a positive number, got {value!r}")
+        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 0:
+            raise ProfileError(
+                f"profile {self.name!r}: cores must be a non-negative integer (0 = unknown), "
+                f"got {self.cores!r}"
+            )
         if self.role not in ROLES:
             raise ProfileError(f"profile {self.name!r}: role must be one of {ROLES}, got {self.role!r}")
 
@@ -111,7 +117,8 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
         source = str(path)
     else:
         raise ProfileError(
-            f"unknown profile {str(name_or_path)!r}; expected a path to a .toml file or one of {list_profiles()}"
+            f"unknown profile {str(name_or_path)!r}; "
+            f"expected a path to a .toml file or one of {list_profiles()}"
         )
     try:
         data = tomllib.loads(text)
@@ -125,12 +132,12 @@ def _toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
-    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
+    # JSON string escapes are valid TOML basic-string escapes; TOML also forbids a raw DEL.
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def profile_to_toml(profile: DeviceProfile, *, comments: list[str] | None = None) -> str:
     """Render a profile as TOML (the same schema ``load_profile`` reads)."""
-    lines = [f"# {line}" for line in comments or []]
+    lines = [f"# {line}".rstrip() for comment in comments or [] for line in comment.splitlines() or [""]]
     lines += [f"{key} = {_toml_value(value)}" for key, value in profile.to_dict().items()]
     return "\n".join(lines) + "\n"

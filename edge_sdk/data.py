@@ -1,0 +1,487 @@
+"""Datasets, the Dirichlet label-skew partition, and client data files.
+
+Everything is held as tensors in memory: uint8 ``N x C x H x W`` images and int64 labels
+(:class:`ArrayDataset`). The benchmark datasets are small enough for that, training then indexes tensors
+instead of decoding one PIL image per sample, and a client's whole data set is one ``.npz`` file.
+
+Datasets: ``mnist``, ``fashionmnist``, ``cifar10`` and ``svhn`` are read through torchvision from a
+torchvision-layout root (nothing is downloaded unless asked); ``digits`` is scikit-learn's bundled 8x8
+digits, which needs no files at all (tests and quick runs use it).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from export.atomic import atomic_write_bytes, atomic_write_json
+from profiles.errors import ConfigError, DataError
+
+__all__ = [
+    "DATASETS",
+    "DIGITS_SPLIT_SEED",
+    "DIGITS_TEST_FRACTION",
+    "SCHEME",
+    "ArrayDataset",
+    "PartitionResult",
+    "dirichlet_partition",
+    "load_client_data",
+    "load_dataset",
+    "partition",
+    "save_client_data",
+    "split_train_val",
+]
+
+DATASETS: tuple[str, ...] = ("mnist", "fashionmnist", "cifar10", "svhn", "digits")
+SPLITS = ("train", "test")
+# scikit-learn's digits has no official split: a stratified 75/25 split with this fixed seed stands in.
+DIGITS_TEST_FRACTION = 0.25
+DIGITS_SPLIT_SEED = 0
+SCHEME = (
+    "dirichlet-label-skew (FedDF / NIID-bench: per-class Dir(alpha) over clients, cap N/K, min-size retry)"
+)
+IMAGE_SUFFIXES = frozenset(
+    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm"}
+)
+GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "F"})
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayDataset:
+    """A labelled image set held as tensors: ``x`` uint8 ``N x C x H x W``, ``y`` int64 ``N``.
+
+    Compared by identity (``eq=False``): element-wise tensor equality has no single truth value.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.x, torch.Tensor) or self.x.dtype != torch.uint8 or self.x.dim() != 4:
+            got = (
+                f"{self.x.dtype} {tuple(self.x.shape)}"
+                if isinstance(self.x, torch.Tensor)
+                else type(self.x).__name__
+            )
+            raise DataError(
+                f"x must be a uint8 tensor N x C x H x W, got {got}; convert pixels to uint8 NCHW"
+            )
+        if not isinstance(self.y, torch.Tensor) or self.y.dtype != torch.int64 or self.y.dim() != 1:
+            got = (
+                f"{self.y.dtype} {tuple(self.y.shape)}"
+                if isinstance(self.y, torch.Tensor)
+                else type(self.y).__name__
+            )
+            raise DataError(f"y must be an int64 tensor of N labels, got {got}")
+        if len(self.x) != len(self.y):
+            raise DataError(
+                f"x and y must have the same length, got {len(self.x)} images and {len(self.y)} labels"
+            )
+        if (
+            isinstance(self.num_classes, bool)
+            or not isinstance(self.num_classes, int)
+            or self.num_classes < 1
+        ):
+            raise DataError(f"num_classes must be a positive integer, got {self.num_classes!r}")
+        if len(self.y) and (int(self.y.min()) < 0 or int(self.y.max()) >= self.num_classes):
+            raise DataError(
+                f"labels must be in [0, {self.num_classes}), "
+                f"got range [{int(self.y.min())}, {int(self.y.max())}]; pass the right num_classes"
+            )
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one image."""
+        _, c, h, w = self.x.shape
+        return int(c), int(h), int(w)
+
+    def subset(self, idx: np.ndarray | torch.Tensor) -> ArrayDataset:
+        """The samples at integer positions ``idx`` (in that order), or where a boolean mask is true."""
+        index = torch.as_tensor(np.asarray(idx) if not isinstance(idx, torch.Tensor) else idx)
+        if index.numel() == 0 and index.dim() == 1:  # [] arrives as float64
+            index = index.to(torch.int64)
+        if index.dtype == torch.bool:
+            if index.shape != (len(self),):
+                raise DataError(f"a boolean mask must have shape ({len(self)},), got {tuple(index.shape)}")
+        elif index.dtype.is_floating_point or index.dtype.is_complex or index.dim() != 1:
+            raise DataError(
+                f"idx must be a 1-D integer array or boolean mask, got {index.dtype} {tuple(index.shape)}"
+            )
+        else:
+            index = index.to(torch.int64)
+            if len(index) and (int(index.min()) < 0 or int(index.max()) >= len(self)):
+                raise DataError(
+                    f"indices must be in [0, {len(self)}), got range [{int(index.min())}, {int(index.max())}]"
+                )
+        index = index.to(self.x.device)
+        return ArrayDataset(self.x[index], self.y[index], self.num_classes)
+
+    def label_counts(self) -> list[int]:
+        """Samples per class, length ``num_classes``."""
+        return [int(v) for v in torch.bincount(self.y.cpu(), minlength=self.num_classes)]
+
+
+def _check_name(name: str) -> str:
+    key = str(name).lower().replace("-", "").replace("_", "")
+    if key not in DATASETS:
+        raise ConfigError(f"unknown dataset {name!r}; expected one of {list(DATASETS)}")
+    return key
+
+
+def _load_digits(split: str) -> ArrayDataset:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    # Pixel values are 0..16: rescale to the uint8 convention.
+    x = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
+    y = digits.target.astype(np.int64)
+    train_idx, test_idx = train_test_split(
+        np.arange(len(y)), test_size=DIGITS_TEST_FRACTION, random_state=DIGITS_SPLIT_SEED, stratify=y
+    )
+    idx = np.sort(train_idx if split == "train" else test_idx)
+    return ArrayDataset(torch.from_numpy(x[idx]), torch.from_numpy(y[idx]), 10)
+
+
+def _load_torchvision(name: str, root: Path, split: str, download: bool) -> ArrayDataset:
+    from torchvision import datasets as tvd
+
+    train = split == "train"
+    hint = (
+        f"pass --download to fetch it into {root}, or pass the right --data-root "
+        "(a torchvision-layout folder, e.g. one holding MNIST/raw/)"
+    )
+    if not download and not root.is_dir():
+        raise DataError(f"data root {root} does not exist; {hint}")
+    try:
+        if name == "mnist":
+            ds = tvd.MNIST(str(root), train=train, download=download)
+        elif name == "fashionmnist":
+            ds = tvd.FashionMNIST(str(root), train=train, download=download)
+        elif name == "cifar10":
+            ds = tvd.CIFAR10(str(root), train=train, download=download)
+        else:
+            ds = tvd.SVHN(str(root), split=split, download=download)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, ValueError) as err:
+        action = "could not be downloaded" if download else "was not found or is unreadable"
+        raise DataError(f"{name} {split} split under {root} {action} ({err}); {hint}") from err
+    if name in ("mnist", "fashionmnist"):
+        x = ds.data.to(torch.uint8).unsqueeze(1)  # N x H x W -> N x 1 x H x W
+        y = ds.targets.to(torch.int64)
+    elif name == "cifar10":
+        x = torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2)))  # NHWC -> NCHW
+        y = torch.as_tensor(ds.targets, dtype=torch.int64)
+    else:
+        x = torch.from_numpy(np.ascontiguousarray(ds.data, dtype=np.uint8))  # already NCHW; labels 0..9
+        y = torch.from_numpy(np.asarray(ds.labels, dtype=np.int64))
+    return ArrayDataset(x.contiguous(), y, 10)
+
+
+def load_dataset(
+    name: str, root: str | Path | None = None, *, split: str = "train", download: bool = False
+) -> ArrayDataset:
+    """Load one split of a benchmark dataset as tensors (``root`` is ignored for ``digits``)."""
+    key = _check_name(name)
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    if key == "digits":
+        return _load_digits(split)
+    if root is None:
+        raise DataError(
+            f"dataset {name!r} needs a data root: pass --data-root DIR (torchvision layout), "
+            "with --download to fetch it there"
+        )
+    return _load_torchvision(key, Path(root).expanduser(), split, download)
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_alpha(alpha: float) -> float:
+    if (
+        isinstance(alpha, bool)
+        or not isinstance(alpha, int | float)
+        or not (math.isfinite(alpha) and alpha > 0)
+    ):
+        raise ConfigError(f"alpha must be a positive finite number (e.g. 0.1, 0.5), got {alpha!r}")
+    return float(alpha)
+
+
+def dirichlet_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    *,
+    min_size: int = 10,
+    max_attempts: int = 1000,
+) -> list[np.ndarray]:
+    """Split sample indices among clients with Dirichlet(alpha) label skew.
+
+    This is the FedDF / NIID-bench ("noniid-labeldir") scheme that the FedMHO and DENSE reference code use,
+    so results compare with theirs: for each class, shuffle its indices, draw client proportions
+    p ~ Dir(alpha * 1_K), zero the share of clients that already hold >= N/K samples (keeps sizes balanced),
+    renormalise and cut the class at the cumulative proportions; redraw everything until the smallest client
+    holds ``min_size`` samples. Smaller alpha means more skew. The draws come from
+    ``np.random.default_rng(seed)`` (not bit-identical to the references' legacy global RNG), so the same
+    seed gives the same partition. Returns one int64 index array per client, each shuffled by the same
+    generator. An attempt in which every eligible client drew a zero share (possible at tiny alpha) counts
+    as failed instead of dividing by zero.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not (np.issubdtype(labels.dtype, np.integer) or labels.size == 0):
+        raise DataError(f"labels must be a 1-D integer array, got {labels.dtype} of shape {labels.shape}")
+    num_clients = _check_int("num_clients", num_clients, 1)
+    alpha = _check_alpha(alpha)
+    seed = _check_int("seed", seed, 0)
+    min_size = _check_int("min_size", min_size, 0)
+    max_attempts = _check_int("max_attempts", max_attempts, 1)
+    n = len(labels)
+    if num_clients > n:
+        raise DataError(f"num_clients must be <= the {n} samples, got {num_clients}; use fewer clients")
+    if num_clients * min_size > n:
+        raise DataError(
+            f"{num_clients} clients x min_size {min_size} needs {num_clients * min_size} samples, "
+            f"got {n}; use fewer clients (at most {n // max(min_size, 1)}) or a smaller min_size"
+        )
+
+    rng = np.random.default_rng(seed)
+    cap = n / num_clients
+    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    for _ in range(max_attempts):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        drew_zero = False
+        for class_idx in by_class:
+            class_idx = rng.permutation(class_idx)
+            p = rng.dirichlet(np.full(num_clients, alpha)) * (sizes < cap)
+            total = p.sum()
+            if not total > 0:
+                drew_zero = True
+                break
+            cuts = (np.cumsum(p / total) * len(class_idx)).astype(np.int64)[:-1]
+            for j, piece in enumerate(np.split(class_idx, cuts)):
+                parts[j].append(piece)
+                sizes[j] += len(piece)
+        if not drew_zero and sizes.min() >= min_size:
+            return [rng.permutation(np.concatenate(p)).astype(np.int64) for p in parts]
+    raise DataError(
+        f"could not give each of {num_clients} clients >= {min_size} samples in {max_attempts} "
+        "Dirichlet draws "
+        f"(alpha={alpha}, {n} samples, {len(by_class)} classes); raise alpha, lower min_size or num_clients, "
+        "or raise max_attempts"
+    )
+
+
+def split_train_val(
+    ds: ArrayDataset, *, val_fraction: float = 0.2, seed: int
+) -> tuple[ArrayDataset, ArrayDataset]:
+    """A seeded random train / validation split (both non-empty; sample order kept within each part)."""
+    if (
+        isinstance(val_fraction, bool)
+        or not isinstance(val_fraction, int | float)
+        or not 0 < val_fraction < 1
+    ):
+        raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    seed = _check_int("seed", seed, 0)
+    n = len(ds)
+    if n < 2:
+        raise DataError(f"a train / validation split needs at least 2 samples, got {n}")
+    n_val = min(max(1, round(n * val_fraction)), n - 1)
+    perm = np.random.default_rng(seed).permutation(n)
+    return ds.subset(np.sort(perm[n_val:])), ds.subset(np.sort(perm[:n_val]))
+
+
+def save_client_data(path: str | Path, ds: ArrayDataset) -> Path:
+    """Write ``ds`` as an ``.npz`` (``x`` uint8 NCHW, ``y`` int64, ``num_classes``), atomically."""
+    buffer = io.BytesIO()
+    np.savez(buffer, x=ds.x.cpu().numpy(), y=ds.y.cpu().numpy(), num_classes=np.int64(ds.num_classes))
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def _load_npz(path: Path, num_classes: int | None) -> ArrayDataset:
+    hint = "expected an .npz with x (uint8 N x C x H x W) and y (integer labels), as save_client_data writes"
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise DataError(f"client file {path} holds a single array, not an .npz archive; {hint}")
+        with data:
+            missing = sorted({"x", "y"} - set(data.files))
+            if missing:
+                raise DataError(f"client file {path} lacks {missing} (has {sorted(data.files)}); {hint}")
+            x, y = data["x"], data["y"]
+            stored = data["num_classes"] if "num_classes" in data.files else None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        if isinstance(err, DataError):
+            raise
+        raise DataError(f"cannot read client file {path} ({err}); {hint}") from err
+    if x.dtype != np.uint8 or x.ndim not in (3, 4):
+        raise DataError(f"client file {path}: x must be uint8 N x C x H x W, got {x.dtype} {x.shape}; {hint}")
+    if x.ndim == 3:  # N x H x W: one channel
+        x = x[:, None]
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"client file {path}: y must be 1-D integer labels, got {y.dtype} {y.shape}")
+    if num_classes is None and stored is not None:
+        if stored.ndim != 0 or not np.issubdtype(stored.dtype, np.integer):
+            raise DataError(f"client file {path}: num_classes must be an integer scalar, got {stored!r}")
+        num_classes = int(stored)
+    if num_classes is None:
+        num_classes = int(y.max()) + 1 if len(y) else 1
+    return ArrayDataset(
+        torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y.astype(np.int64)), num_classes
+    )
+
+
+def _load_image_folder(root: Path, num_classes: int | None) -> ArrayDataset:
+    """One sub-folder per class (integer names are class indices, other names are sorted)."""
+    from PIL import Image, UnidentifiedImageError
+
+    layout = "expected one sub-folder per class holding same-size images (e.g. data/0/a.png, data/1/b.png)"
+    entries = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+    stray = [p.name for p in entries if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    if stray:
+        raise DataError(f"image folder {root} has images outside class folders ({stray[:3]}); {layout}")
+    folders = [p for p in entries if p.is_dir()]
+    if not folders:
+        raise DataError(f"image folder {root} has no class sub-folders; {layout}")
+    if all(p.name.isdigit() for p in folders):
+        classes = {p: int(p.name) for p in folders}
+    else:
+        classes = {p: i for i, p in enumerate(folders)}
+    files = [
+        (f, label)
+        for folder, label in classes.items()
+        for f in sorted(folder.iterdir())
+        if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in IMAGE_SUFFIXES
+    ]
+    if not files:
+        raise DataError(f"image folder {root} holds no images ({sorted(IMAGE_SUFFIXES)}); {layout}")
+    images = []
+    try:
+        for f, _ in files:
+            with Image.open(f) as img:
+                img.load()
+                images.append(img.copy())
+    except (OSError, UnidentifiedImageError) as err:
+        raise DataError(f"cannot read image {f} ({err})") from err
+    size = images[0].size
+    for (f, _), img in zip(files, images, strict=True):
+        if img.size != size:
+            raise DataError(
+                f"image {f} is {img.size[0]}x{img.size[1]}, others are {size[0]}x{size[1]}; {layout}"
+            )
+    # Grey only when every image is grey, so one colour image makes the whole set RGB (consistent channels).
+    mode = "L" if all(img.mode in GREY_MODES for img in images) else "RGB"
+    arrays = [np.asarray(img.convert(mode), dtype=np.uint8) for img in images]
+    x = np.stack(arrays)[:, None] if mode == "L" else np.stack(arrays).transpose(0, 3, 1, 2)
+    y = np.array([label for _, label in files], dtype=np.int64)
+    if num_classes is None:
+        num_classes = max(classes.values()) + 1
+    return ArrayDataset(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y), num_classes)
+
+
+def load_client_data(path: str | Path, *, num_classes: int | None = None) -> ArrayDataset:
+    """Read a client's data: an ``.npz`` file (see :func:`save_client_data`) or an image-folder directory.
+
+    ``num_classes`` (the federation's class count) overrides the count stored in or inferred from the data.
+    """
+    path = Path(path).expanduser()
+    if num_classes is not None:
+        num_classes = _check_int("num_classes", num_classes, 1)
+    if not path.exists():
+        raise DataError(f"client data {path} does not exist; pass an .npz file or an image-folder directory")
+    if path.is_dir():
+        return _load_image_folder(path, num_classes)
+    return _load_npz(path, num_classes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionResult:
+    """What :func:`partition` wrote: one ``.npz`` per client, the test split, and the manifest."""
+
+    client_paths: tuple[Path, ...]
+    test_path: Path
+    label_histogram: tuple[tuple[int, ...], ...]
+    manifest_path: Path
+
+
+def partition(
+    dataset: str,
+    data_root: str | Path | None,
+    *,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    out_dir: str | Path,
+    min_size: int = 10,
+    download: bool = False,
+) -> PartitionResult:
+    """Partition a dataset's train split among clients (:func:`dirichlet_partition`) and write the files.
+
+    Writes ``client_00.npz``..., ``test.npz`` (the test split) and ``partition.json`` to ``out_dir``. Inputs
+    are validated and the data loaded and partitioned before anything is written; every file is written
+    atomically and the manifest last (an earlier manifest is removed first), so a directory whose
+    ``partition.json`` exists is complete. Stale ``client_*.npz`` files of an earlier run are removed.
+    """
+    key = _check_name(dataset)
+    num_clients = _check_int("num_clients", num_clients, 1)
+    alpha = _check_alpha(alpha)
+    seed = _check_int("seed", seed, 0)
+    min_size = _check_int("min_size", min_size, 0)
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out_dir must be a directory, got the file {out}")
+
+    train = load_dataset(key, data_root, split="train", download=download)
+    test = load_dataset(key, data_root, split="test", download=download)
+    parts = dirichlet_partition(train.y.numpy(), num_clients, alpha, seed, min_size=min_size)
+    clients = [train.subset(idx) for idx in parts]
+    histogram = tuple(tuple(c.label_counts()) for c in clients)
+    width = max(2, len(str(num_clients)))  # 2 digits, 3 from 100 clients on
+    names = [f"client_{i:0{width}d}.npz" for i in range(num_clients)]
+
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / "partition.json"
+    manifest_path.unlink(missing_ok=True)
+    for stale in out.glob("client_*.npz"):
+        if stale.name not in names and stale.stem[len("client_") :].isdigit():
+            stale.unlink()
+    client_paths = tuple(save_client_data(out / name, c) for name, c in zip(names, clients, strict=True))
+    test_path = save_client_data(out / "test.npz", test)
+    atomic_write_json(
+        manifest_path,
+        {
+            "scheme": SCHEME,
+            "dataset": key,
+            "num_classes": train.num_classes,
+            "input_shape": list(train.input_shape),
+            "num_clients": num_clients,
+            "alpha": alpha,
+            "seed": seed,
+            "min_size": min_size,
+            "train_size": len(train),
+            "client_files": names,
+            "sizes": [len(c) for c in clients],
+            "label_histogram": [list(h) for h in histogram],
+            "test_file": test_path.name,
+            "test_size": len(test),
+            "test_label_histogram": test.label_counts(),
+        },
+    )
+    return PartitionResult(
+        client_paths=client_paths, test_path=test_path, label_histogram=histogram, manifest_path=manifest_path
+    )

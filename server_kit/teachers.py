@@ -1,0 +1,239 @@
+"""Bundles -> frozen, differentiable teachers for model inversion and distillation.
+
+The server needs gradients w.r.t. the input and BatchNorm running statistics, which onnxruntime cannot
+give. A bundle written by our SDK is rebuilt from its architecture string and loaded with the ONNX
+initializers by name (exact, and as fast as native torch; BN-preserving exports name every initializer
+after its state_dict key). A bundle whose arch is unknown or does not match its weights (a classifier
+exported elsewhere) goes through the generic converter in :mod:`server_kit.onnx_convert`. Either way the
+module is trusted only after a parity check against onnxruntime on seeded inputs, then frozen: eval()
+(BN must use its running statistics) and ``requires_grad_(False)``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from edge_sdk.arch import build_model
+from export.bundle import KINDS, Bundle, read_bundle
+from export.onnx_export import onnx_session
+from export.weights import initializer_state_dict
+from profiles.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
+from server_kit.onnx_convert import convert_onnx
+
+__all__ = [
+    "Teacher",
+    "batchnorm_layers",
+    "classifier_weight",
+    "load_teacher",
+    "load_teachers",
+    "rebuild_teacher",
+]
+
+PARITY_BATCH = 4
+PARITY_SEED = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Teacher:
+    """A loaded teacher. ``module`` is float32, in eval mode, frozen, on the requested device.
+
+    ``method`` says how it was built: ``"rebuilt"`` (arch string + initializers) or ``"converted"``
+    (generic ONNX converter, used when the arch cannot be rebuilt or does not reproduce the ONNX).
+    """
+
+    path: Path | None
+    bundle: Bundle
+    module: nn.Module
+    method: str = "rebuilt"
+
+    @property
+    def name(self) -> str:
+        return self.path.stem if self.path is not None else self.bundle.arch
+
+
+def rebuild_teacher(bundle: Bundle) -> nn.Module:
+    """``build_model(arch)`` + the ONNX initializers loaded by name, strictly (only ``num_batches_tracked``
+    may be absent). Raises TeacherError when the arch is unknown or its state_dict does not match."""
+    try:
+        module = build_model(bundle.arch, bundle.input_shape, bundle.num_classes)
+    except SpecError as err:
+        raise TeacherError(f"cannot rebuild arch {bundle.arch!r}: {err}") from err
+    try:
+        state = initializer_state_dict(bundle.model_onnx, module)
+        module.load_state_dict(state, strict=True)
+    except (BundleError, RuntimeError) as err:
+        raise TeacherError(f"the ONNX weights do not fit arch {bundle.arch!r}: {err}") from err
+    return module.eval()
+
+
+def load_teacher(
+    bundle: Bundle,
+    *,
+    path: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    parity_atol: float = 1e-4,
+    check_parity: bool = True,
+) -> Teacher:
+    """Rebuild (or, failing that, convert) the bundle's classifier and check it against onnxruntime.
+
+    The converter is tried when the rebuild raises or fails parity, so a wrong arch string never yields a
+    wrong teacher. Raises TeacherError naming the file with every attempt's reason.
+    """
+    path = Path(path) if path is not None else None
+    source = str(path) if path is not None else f"bundle (arch {bundle.arch!r})"
+    if bundle.kind != "classifier":
+        raise TeacherError(f"{source}: kind {bundle.kind!r} is not a classifier teacher")
+    if not parity_atol > 0:
+        raise ConfigError(f"parity_atol must be > 0, got {parity_atol!r}")
+    builders: list[tuple[str, Callable[[], nn.Module]]] = [
+        ("rebuilt", lambda: rebuild_teacher(bundle)),
+        ("converted", lambda: convert_onnx(bundle.model_onnx)),
+    ]
+    reasons = []
+    for method, build in builders:
+        try:
+            module = build().float().to(device).eval().requires_grad_(False)
+            if check_parity:
+                _check_parity(module, bundle, torch.device(device), parity_atol)
+        except TeacherError as err:
+            reasons.append(f"{method}: {err}")
+            continue
+        return Teacher(path, bundle, module, method)
+    raise TeacherError(
+        f"{source}: cannot load the teacher ({'; '.join(reasons)}); fix: export the classifier with "
+        "export_onnx(keep_batchnorm=True) and its arch string, or use only the supported ONNX operators"
+    )
+
+
+def _check_parity(module: nn.Module, bundle: Bundle, device: torch.device, atol: float) -> float:
+    """Max abs logit difference vs onnxruntime on seeded inputs in [0, 1]; TeacherError above ``atol``."""
+    try:
+        session = onnx_session(bundle.model_onnx)
+    except ExportError as err:
+        raise TeacherError(str(err)) from err
+    info = session.get_inputs()[0]
+    batch = info.shape[0] if isinstance(info.shape[0], int) and info.shape[0] > 0 else PARITY_BATCH
+    generator = torch.Generator().manual_seed(PARITY_SEED)
+    x = torch.rand((batch, *bundle.input_shape), generator=generator)
+    try:
+        expected = session.run(None, {info.name: x.numpy()})[0]
+    except Exception as err:  # onnxruntime raises its own pybind exception types
+        raise TeacherError(f"onnxruntime failed on a batch shaped {tuple(x.shape)}: {err}") from err
+    try:
+        with torch.no_grad():
+            got = module(x.to(device)).float().cpu().numpy()
+    except RuntimeError as err:
+        raise TeacherError(f"the torch module failed on a batch shaped {tuple(x.shape)}: {err}") from err
+    if got.shape != expected.shape:
+        raise TeacherError(f"output shape {got.shape} differs from onnxruntime's {expected.shape}")
+    diff = float(np.max(np.abs(got.astype(np.float64) - expected))) if got.size else 0.0
+    if not diff <= atol:  # also catches NaN
+        raise TeacherError(
+            f"parity with onnxruntime failed: max abs diff {diff:.3g} > {atol:g} on {batch} seeded inputs"
+        )
+    return diff
+
+
+def load_teachers(
+    paths: Sequence[str | Path],
+    *,
+    on_error: str = "stop",
+    device: str | torch.device = "cpu",
+    kinds: Sequence[str] = ("classifier",),
+) -> tuple[list[Teacher], list[tuple[str, str]]]:
+    """Load every bundle in ``paths`` as a teacher; returns (teachers, skipped as (path, reason)).
+
+    ``on_error="stop"`` raises the first BundleError / TeacherError (each names its file); ``"skip"``
+    records it in ``skipped`` and goes on. Bundles whose kind is not in ``kinds`` are always skipped with
+    a reason. All teachers must agree on num_classes and input_shape: the most common pair wins (ties: the
+    earliest file) and each disagreeing file is an error. Raises TeacherError when no teacher is left.
+    """
+    if on_error not in ("stop", "skip"):
+        raise ConfigError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    if not paths:
+        raise ConfigError("paths must name at least one bundle, got none")
+    bad_kinds = sorted(set(kinds) - set(KINDS))
+    if bad_kinds:
+        raise ConfigError(f"kinds must be drawn from {list(KINDS)}, got {bad_kinds}")
+    skipped: list[tuple[str, str]] = []
+
+    def fail(path: str | Path, err: BundleError | TeacherError) -> None:
+        if on_error == "stop":
+            raise err
+        skipped.append((str(path), str(err)))
+
+    bundles: list[tuple[str | Path, Bundle]] = []
+    for path in paths:
+        try:
+            bundle = read_bundle(path)
+        except BundleError as err:
+            fail(path, err)
+            continue
+        if bundle.kind not in kinds:
+            reason = f"kind {bundle.kind!r} is not a classifier teacher (teacher kinds: {list(kinds)})"
+            skipped.append((str(path), reason))
+            continue
+        bundles.append((path, bundle))
+
+    # agreement first: it is cheap, and conversion plus parity is not
+    shapes = Counter((b.num_classes, b.input_shape) for _, b in bundles)
+    if shapes:
+        reference = max(shapes, key=lambda key: shapes[key])  # first maximal key = earliest file on ties
+        ref_path = next(p for p, b in bundles if (b.num_classes, b.input_shape) == reference)
+        agreeing = []
+        for path, bundle in bundles:
+            if (bundle.num_classes, bundle.input_shape) == reference:
+                agreeing.append((path, bundle))
+                continue
+            fail(
+                path,
+                TeacherError(
+                    f"{path}: num_classes {bundle.num_classes} and input_shape {bundle.input_shape} disagree "
+                    f"with {ref_path} (num_classes {reference[0]}, input_shape {reference[1]}); fix: pass "
+                    "only bundles trained for the same task"
+                ),
+            )
+        bundles = agreeing
+
+    teachers = []
+    for path, bundle in bundles:
+        try:
+            teachers.append(load_teacher(bundle, path=path, device=device))
+        except TeacherError as err:
+            fail(path, err)
+    if not teachers:
+        reasons = "; ".join(f"{p}: {r}" for p, r in skipped)
+        raise TeacherError(f"no teacher could be loaded from {len(paths)} bundle(s): {reasons}")
+    return teachers, skipped
+
+
+def classifier_weight(module: nn.Module) -> torch.Tensor:
+    """The L x d weight of the final linear layer (``module.head`` if it is one, else the last nn.Linear;
+    converted graphs turn Gemm / MatMul with constant weights into nn.Linear). Detached."""
+    try:
+        head = module.head
+    except (AttributeError, TeacherError):
+        head = None
+    if not isinstance(head, nn.Linear):
+        linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+        head = linears[-1] if linears else None
+    if head is None:
+        raise TeacherError(
+            f"{type(module).__name__} has no final nn.Linear (expected .head or a Linear/Gemm layer); "
+            "fix: end the classifier with a fully connected layer"
+        )
+    return head.weight.detach()
+
+
+def batchnorm_layers(module: nn.Module) -> list[nn.BatchNorm2d]:
+    """Every BatchNorm2d (in module order): their running stats drive DeepInversion-style losses."""
+    return [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
