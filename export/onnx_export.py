@@ -1,8 +1,10 @@
 """ONNX export, validation and numeric parity: the only way a torch model leaves the toolkit.
 
-Every exported file has one float32 input ``x`` (N x C x H x W, dynamic batch axis ``batch``), one output
-``logits``, opset :data:`OPSET` and provenance in ``metadata_props``. An export is trusted only after
-``onnx.checker`` (full check), strict shape inference and an onnxruntime-vs-torch parity check.
+Every exported classifier has one float32 input ``x`` (N x C x H x W, dynamic batch axis ``batch``), one
+output ``logits``, opset :data:`OPSET` and provenance in ``metadata_props``. A CVAE decoder
+(:func:`export_decoder_onnx`) has two float32 inputs ``z`` (N x latent) and ``y`` (N x classes, one-hot) and
+one output ``x`` (N x C x H x W pixels in [0, 1]). An export is trusted only after ``onnx.checker`` (full
+check), strict shape inference and an onnxruntime-vs-torch parity check.
 
 With ``keep_batchnorm=True`` (the teacher in a bundle) BatchNormalization nodes stay in the graph and every
 initializer is named after its ``state_dict`` key, so the server rebuilds the model from its arch string
@@ -35,10 +37,14 @@ if TYPE_CHECKING:
     import onnxruntime
 
 __all__ = [
+    "DECODER_INPUT_NAMES",
+    "DECODER_OUTPUT_NAME",
     "INPUT_NAME",
     "OPSET",
     "OUTPUT_NAME",
+    "check_decoder_parity",
     "check_parity",
+    "export_decoder_onnx",
     "export_onnx",
     "onnx_session",
     "read_metadata",
@@ -48,6 +54,8 @@ __all__ = [
 OPSET: int = 18
 INPUT_NAME = "x"
 OUTPUT_NAME = "logits"
+DECODER_INPUT_NAMES = ("z", "y")  # latent noise, one-hot label
+DECODER_OUTPUT_NAME = "x"
 BATCH_AXIS = "batch"
 _TRACE_BATCH = 2  # a batch of 1 could let the tracer specialise on the batch size
 
@@ -75,10 +83,101 @@ def export_onnx(
     The model's train/eval mode is restored module by module afterwards. Same model -> same bytes.
     """
     input_shape = _check_input_shape(input_shape)
-    props = _merge_metadata(metadata, input_shape, keep_batchnorm)
+    own = {
+        "opset": str(OPSET),
+        "input_shape": json.dumps(list(input_shape)),
+        "batchnorm": "kept" if keep_batchnorm else "folded",
+    }
+    props = _merge_metadata(metadata, own)
     dummy = torch.rand((_TRACE_BATCH, *input_shape), generator=torch.Generator().manual_seed(seed))
-    dummy = dummy.to(_device(model))
+    data = _export_bytes(
+        model,
+        (dummy,),
+        input_names=[INPUT_NAME],
+        output_name=OUTPUT_NAME,
+        props=props,
+        keep_batchnorm=keep_batchnorm,
+        fix=(f"make sure the model runs on a float32 batch shaped (N, {', '.join(map(str, input_shape))})"),
+        what=f"input shape {input_shape}",
+    )
+    validate_onnx(data)
+    check_parity(model, data, input_shape, seed=seed, atol=atol)
+    return data
+
+
+def export_decoder_onnx(
+    decoder: nn.Module,
+    *,
+    latent_dim: int,
+    num_classes: int,
+    output_shape: tuple[int, int, int],
+    metadata: Mapping[str, str] | None = None,
+    seed: int = 0,
+    atol: float = 1e-4,
+) -> bytes:
+    """Export a CVAE decoder ``decoder(z, y) -> x`` to validated ONNX bytes, parity-checked like
+    :func:`export_onnx`.
+
+    Inputs ``z`` (float32 N x ``latent_dim``) and ``y`` (float32 one-hot N x ``num_classes``), output ``x``
+    (float32 N x C x H x W), dynamic batch. Initializers keep their ``state_dict`` names (the server
+    rebuilds the decoder from its arch string, :mod:`export.weights`). The exporter sets the metadata
+    ``opset``, ``latent_dim``, ``num_classes`` and ``output_shape`` (JSON list).
+    """
+    latent_dim = _check_positive_int("latent_dim", latent_dim)
+    num_classes = _check_positive_int("num_classes", num_classes)
+    output_shape = _check_input_shape(output_shape)
+    own = {
+        "opset": str(OPSET),
+        "latent_dim": str(latent_dim),
+        "num_classes": str(num_classes),
+        "output_shape": json.dumps(list(output_shape)),
+    }
+    props = _merge_metadata(metadata, own)
+    z, y = _decoder_inputs(_TRACE_BATCH, latent_dim, num_classes, seed)
+    data = _export_bytes(
+        decoder,
+        (z, y),
+        input_names=list(DECODER_INPUT_NAMES),
+        output_name=DECODER_OUTPUT_NAME,
+        props=props,
+        keep_batchnorm=True,
+        fix=f"make sure decoder(z, y) accepts z (N, {latent_dim}) and one-hot y (N, {num_classes})",
+        what=f"latent_dim {latent_dim}, num_classes {num_classes}",
+        output_shape=output_shape,
+    )
+    validate_onnx(data)
+    got = check_decoder_parity(
+        decoder, data, latent_dim=latent_dim, num_classes=num_classes, seed=seed, atol=atol
+    )
+    if got != output_shape:
+        raise ExportError(
+            f"the decoder returns images shaped {got}, expected output_shape {output_shape}; fix: pass the "
+            "(C, H, W) the decoder produces"
+        )
+    return data
+
+
+def _export_bytes(
+    model: nn.Module,
+    args: tuple[torch.Tensor, ...],
+    *,
+    input_names: list[str],
+    output_name: str,
+    props: Mapping[str, str],
+    keep_batchnorm: bool,
+    fix: str,
+    what: str,
+    output_shape: tuple[int, ...] | None = None,
+) -> bytes:
+    """Trace ``model`` on ``args`` (made on CPU, moved to the model), fix the graph up, set the metadata.
+
+    The model is exported in eval mode; each submodule's mode is restored afterwards. Same model, same
+    arguments -> same bytes. ``output_shape`` declares the output's non-batch dims: the tracer leaves
+    them symbolic (even mislabelled) after a reshape or resize; strict shape inference then checks them.
+    """
+    args = tuple(a.to(_device(model)) for a in args)
     buffer = io.BytesIO()
+    axes = {name: {0: BATCH_AXIS} for name in [*input_names, output_name]}
     modes = _eval_modes(model)
     try:
         with warnings.catch_warnings(), torch.no_grad():
@@ -86,38 +185,33 @@ def export_onnx(
                 warnings.filterwarnings("ignore", message=message, category=category)
             torch.onnx.export(
                 model,
-                (dummy,),
+                args,
                 buffer,
                 dynamo=False,
                 opset_version=OPSET,
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: BATCH_AXIS}, OUTPUT_NAME: {0: BATCH_AXIS}},
+                input_names=input_names,
+                output_names=[output_name],
+                dynamic_axes=axes,
                 # PRESERVE with the model in eval keeps BN as BatchNormalization (eval semantics);
                 # EVAL lets constant folding fuse it into the preceding Conv.
                 training=torch.onnx.TrainingMode.PRESERVE if keep_batchnorm else torch.onnx.TrainingMode.EVAL,
                 do_constant_folding=True,
             )
     except (RuntimeError, ValueError, TypeError) as err:
-        raise ExportError(
-            f"torch.onnx.export failed for input shape {input_shape}: {err}; "
-            f"fix: make sure the model runs on a float32 batch shaped (N, {', '.join(map(str, input_shape))})"
-        ) from err
+        raise ExportError(f"torch.onnx.export failed for {what}: {err}; fix: {fix}") from err
     finally:
         _restore_modes(modes)
 
     proto = onnx.load_from_string(buffer.getvalue())
     _undo_initializer_dedup(proto.graph)
     _strip_default_training_mode(proto.graph)
+    if output_shape is not None:
+        _declare_output_shape(proto.graph, output_shape)
     del proto.metadata_props[:]
     for key in sorted(props):
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, props[key]
-    data = proto.SerializeToString(deterministic=True)
-
-    validate_onnx(data)
-    check_parity(model, data, input_shape, seed=seed, atol=atol)
-    return data
+    return proto.SerializeToString(deterministic=True)
 
 
 def validate_onnx(model_bytes: bytes) -> onnx.ModelProto:
@@ -148,38 +242,115 @@ def check_parity(
     what the model computes never travels.
     """
     input_shape = _check_input_shape(input_shape)
+    _check_parity_args(batch_size, atol)
+    x = torch.rand((batch_size, *input_shape), generator=torch.Generator().manual_seed(seed))
+    diff, _ = _compare(
+        model,
+        model_bytes,
+        {INPUT_NAME: x},
+        seed=seed,
+        atol=atol,
+        fix_run=f"export with export_onnx for input shape {input_shape}",
+        fix_shape="avoid batch-size-dependent reshapes (use torch.flatten(x, 1))",
+    )
+    return diff
+
+
+def check_decoder_parity(
+    decoder: nn.Module,
+    model_bytes: bytes,
+    *,
+    latent_dim: int,
+    num_classes: int,
+    seed: int = 0,
+    batch_size: int = 8,
+    atol: float = 1e-4,
+) -> tuple[int, ...]:
+    """Parity of a decoder export on a seeded batch: z ~ N(0, I), y one-hot of seeded labels.
+
+    Returns the (C, H, W) shape of one decoded image; raises ExportError like :func:`check_parity`.
+    """
+    latent_dim = _check_positive_int("latent_dim", latent_dim)
+    num_classes = _check_positive_int("num_classes", num_classes)
+    _check_parity_args(batch_size, atol)
+    z, y = _decoder_inputs(batch_size, latent_dim, num_classes, seed)
+    _, shape = _compare(
+        decoder,
+        model_bytes,
+        dict(zip(DECODER_INPUT_NAMES, (z, y), strict=True)),
+        seed=seed,
+        atol=atol,
+        fix_run=f"export with export_decoder_onnx (latent_dim {latent_dim}, num_classes {num_classes})",
+        fix_shape="avoid batch-size-dependent reshapes (use x.reshape(-1, C, H, W))",
+    )
+    return shape[1:]
+
+
+def _check_parity_args(batch_size: int, atol: float) -> None:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ExportError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if not atol > 0:
         raise ExportError(f"atol must be > 0, got {atol!r}")
-    x = torch.rand((batch_size, *input_shape), generator=torch.Generator().manual_seed(seed))
+
+
+def _decoder_inputs(
+    batch: int, latent_dim: int, num_classes: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded z ~ N(0, I) (batch x latent) and one-hot y (batch x classes) of uniformly drawn labels."""
+    generator = torch.Generator().manual_seed(seed)
+    z = torch.randn((batch, latent_dim), generator=generator)
+    labels = torch.randint(num_classes, (batch,), generator=generator)
+    return z, torch.nn.functional.one_hot(labels, num_classes).float()
+
+
+def _compare(
+    model: nn.Module,
+    model_bytes: bytes,
+    inputs: Mapping[str, torch.Tensor],
+    *,
+    seed: int,
+    atol: float,
+    fix_run: str,
+    fix_shape: str,
+) -> tuple[float, tuple[int, ...]]:
+    """(max abs difference, output shape) of torch (eval) vs onnxruntime on the named CPU ``inputs``.
+
+    The ONNX model must have exactly these inputs (in this order) and one output; the torch model is
+    called positionally in the same order.
+    """
     session = onnx_session(model_bytes)
-    inputs, outputs = session.get_inputs(), session.get_outputs()
-    if len(inputs) != 1 or len(outputs) != 1:
+    names = [i.name for i in session.get_inputs()]
+    outputs = session.get_outputs()
+    if len(names) != len(inputs) or len(outputs) != 1:
         raise ExportError(
-            f"expected an ONNX model with 1 input and 1 output, got {len(inputs)} and {len(outputs)}; "
-            "fix: export a single-tensor model with export_onnx"
+            f"expected an ONNX model with {len(inputs)} input{'s' if len(inputs) > 1 else ''} and 1 output, "
+            f"got {len(names)} and {len(outputs)}; fix: {fix_run}"
         )
+    if len(inputs) > 1 and names != list(inputs):
+        raise ExportError(f"expected ONNX inputs {list(inputs)}, got {names}; fix: {fix_run}")
+    feed = dict(zip(names, (t.numpy() for t in inputs.values()), strict=True))
+    shapes = ", ".join(str(tuple(t.shape)) for t in inputs.values())
     try:
-        got = session.run(None, {inputs[0].name: x.numpy()})[0]
+        got = session.run(None, feed)[0]
     except Exception as err:  # onnxruntime raises its own pybind exception types
         raise ExportError(
-            f"onnxruntime failed on a float32 batch shaped {tuple(x.shape)}: {err}; "
-            f"fix: export with export_onnx for input shape {input_shape}"
+            f"onnxruntime failed on float32 inputs shaped {shapes}: {err}; fix: {fix_run}"
         ) from err
     modes = _eval_modes(model)
     try:
         with torch.no_grad():
-            expected = model(x.to(_device(model)))
+            device = _device(model)
+            expected = model(*(t.to(device) for t in inputs.values()))
     finally:
         _restore_modes(modes)
     if not isinstance(expected, torch.Tensor):
-        raise ExportError(f"the model must return one tensor of logits, got {type(expected).__name__}")
+        raise ExportError(f"the model must return one tensor, got {type(expected).__name__}")
     expected_np = expected.detach().cpu().float().numpy()
+    batch_size = next(iter(inputs.values())).shape[0]
     if got.shape != expected_np.shape:
         raise ExportError(
             f"ONNX output shape {got.shape} != torch output shape {expected_np.shape} on a batch of "
-            f"{batch_size}; fix: avoid batch-size-dependent reshapes (use torch.flatten(x, 1))"
+            f"{batch_size}; fix: {fix_shape}"
         )
     diff = float(np.max(np.abs(got.astype(np.float64) - expected_np.astype(np.float64)))) if got.size else 0.0
     if not diff <= atol:  # also catches NaN
@@ -188,7 +359,7 @@ def check_parity(
             f"inputs (seed {seed}); fix: make forward deterministic and free of Python-side state "
             "(tracing freezes Python values and control flow), or use ops onnxruntime supports exactly"
         )
-    return diff
+    return diff, tuple(int(v) for v in got.shape)
 
 
 def read_metadata(model_bytes: bytes) -> dict[str, str]:
@@ -233,14 +404,8 @@ def _check_input_shape(input_shape: tuple[int, int, int]) -> tuple[int, int, int
     return shape  # type: ignore[return-value]
 
 
-def _merge_metadata(
-    metadata: Mapping[str, str] | None, input_shape: tuple[int, int, int], keep_batchnorm: bool
-) -> dict[str, str]:
-    own = {
-        "opset": str(OPSET),
-        "input_shape": json.dumps(list(input_shape)),
-        "batchnorm": "kept" if keep_batchnorm else "folded",
-    }
+def _merge_metadata(metadata: Mapping[str, str] | None, own: Mapping[str, str]) -> dict[str, str]:
+    """The caller's metadata plus the exporter's own keys (a caller value for one of those must agree)."""
     merged = dict(own)
     for key, value in (metadata or {}).items():
         if not isinstance(key, str) or not isinstance(value, str):
@@ -252,6 +417,12 @@ def _merge_metadata(
             raise ExportError(f"metadata {key!r} is set by the exporter to {own[key]!r}, got {value!r}")
         merged[key] = value
     return merged
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ExportError(f"{name} must be a positive int, got {value!r}")
+    return value
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -293,6 +464,15 @@ def _undo_initializer_dedup(graph: onnx.GraphProto) -> None:
     if len(keep) != len(graph.node):
         del graph.node[:]
         graph.node.extend(keep)
+
+
+def _declare_output_shape(graph: onnx.GraphProto, shape: tuple[int, ...]) -> None:
+    """Set the single output to (batch, *shape)."""
+    dims = graph.output[0].type.tensor_type.shape.dim
+    del dims[:]
+    dims.add().dim_param = BATCH_AXIS
+    for value in shape:
+        dims.add().dim_value = int(value)
 
 
 def _strip_default_training_mode(graph: onnx.GraphProto) -> None:

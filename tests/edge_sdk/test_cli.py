@@ -1,0 +1,79 @@
+"""`edge-sdk` command line: help, one-line errors with exit code 2, no partial output on bad input."""
+
+import pytest
+
+from edge_sdk.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("partition", "profile", "profiles", "search", "train", "export", "run", "inspect"):
+        assert cmd in out
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--dataset", "imagenet-22k", "--num-clients", "2", "--alpha", "0.5"], "imagenet-22k"),
+        (["--dataset", "mnist", "--data-root", "/nonexistent/root", "--num-clients", "2", "--alpha", "0.5"],
+         "--download"),
+        (["--dataset", "digits", "--num-clients", "2", "--alpha", "0"], "alpha"),
+        (["--dataset", "digits", "--num-clients", "5000", "--alpha", "0.5"], "client"),
+    ],
+)
+def test_partition_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, args, match):
+    out_dir = tmp_path / "parts"
+    code, _, err = run(capsys, "partition", *args, "--out", str(out_dir))
+    assert code == 2
+    assert err.startswith("edge-sdk: error:")
+    assert len(err.strip().splitlines()) == 1
+    assert match in err
+    assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+def test_malformed_profile_is_refused(capsys, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nmemory_mb = = 3\n')
+    data = tmp_path / "parts"
+    assert run(capsys, "partition", "--dataset", "digits", "--num-clients", "2", "--alpha", "1",
+               "--out", str(data))[0] == 0
+    out = tmp_path / "c.bundle"
+    code, _, err = run(capsys, "run", "--data", str(data / "client_00.npz"), "--profile", str(bad),
+                       "--out", str(out), "--quiet")
+    assert code == 2
+    assert "not valid TOML" in err
+    assert not out.exists()
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    from profiles.errors import ToolkitError
+
+    with pytest.raises(ToolkitError):
+        main(["--debug", "partition", "--dataset", "nope", "--num-clients", "2", "--alpha", "1",
+              "--out", str(tmp_path / "p")])
+
+
+def test_profiles_lists_shipped_profiles(capsys):
+    code, out, _ = run(capsys, "profiles")
+    assert code == 0
+    assert "raspberry-pi-4-4gb" in out and "wearable" in out
+
+
+def test_profile_measures_this_device(capsys, tmp_path):
+    from profiles import load_profile
+
+    path = tmp_path / "me.toml"
+    code, _, _ = run(capsys, "profile", "--out", str(path), "--seconds", "0.1")
+    assert code == 0
+    profile = load_profile(path)
+    assert profile.gflops > 0
+    assert profile.max_flops > 0

@@ -1,0 +1,338 @@
+"""CVAE clients: architecture cost from first principles, decoder ONNX export, training, roles, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from edge_sdk.client import (
+    ClientConfig,
+    decoder_bundle_path,
+    resolve_role,
+    run_client,
+    smallest_classifier,
+)
+from edge_sdk.cvae import (
+    CVAEConfig,
+    build_cvae,
+    cvae_loss,
+    evaluate_cvae,
+    parse_cvae_arch,
+    profile_cvae,
+    train_cvae,
+)
+from edge_sdk.data import ArrayDataset, load_dataset, save_client_data
+from edge_sdk.search import SearchConfig
+from export.bundle import read_bundle
+from export.onnx_export import (
+    OPSET,
+    check_decoder_parity,
+    export_decoder_onnx,
+    onnx_session,
+    read_metadata,
+)
+from export.weights import initializer_state_dict
+from profiles import DeviceProfile, load_profile
+from profiles.errors import BudgetError, ConfigError, ExportError, SpecError
+
+
+@pytest.fixture(scope="module")
+def digits() -> ArrayDataset:
+    """300 scikit-learn digits (1 x 8 x 8, 10 classes): small enough for seconds of CPU."""
+    return load_dataset("digits").subset(np.arange(300))
+
+
+# ------------------------------------------------------------------------------------------------ cost
+
+
+def _small_macs(pixels: int, k: int, z: int) -> tuple[int, int]:
+    """(whole-CVAE MACs, decoder MACs) of the cvae-small MLP (hidden 256), weights only."""
+    encoder = (pixels + k) * 256 + 256 * z * 2  # hidden, then mean and log-variance heads
+    decoder = (z + k) * 256 + 256 * pixels
+    return encoder + decoder, decoder
+
+
+def _small_params(pixels: int, k: int, z: int) -> tuple[int, int]:
+    encoder = (pixels + k) * 256 + 256 + 2 * (256 * z + z)
+    decoder = (z + k) * 256 + 256 + 256 * pixels + pixels
+    return encoder + decoder, decoder
+
+
+def test_cvae_small_cost_matches_hand_count_and_paper() -> None:
+    model = build_cvae("cvae-small", (1, 28, 28), 10, 2)
+    cost = profile_cvae(model, batch_size=2)
+    macs, decoder_macs = _small_macs(784, 10, 2)
+    params, decoder_params = _small_params(784, 10, 2)
+    assert cost.model.flops == 2 * macs == 816_128
+    assert cost.decoder_flops == 2 * decoder_macs == 407_552
+    assert cost.model.params == params == 409_364
+    assert cost.decoder_params == decoder_params == 204_816
+    # The paper's Table 2 lists 408.06 K for CVAE-small on MNIST: the MACs of encoder + decoder.
+    assert round(cost.model.macs / 1e3, 2) == 408.06
+
+
+@pytest.mark.parametrize(("shape", "k", "z"), [((3, 8, 8), 5, 4), ((1, 5, 7), 3, 1)])
+def test_cvae_small_cost_scales_with_shape(shape: tuple[int, int, int], k: int, z: int) -> None:
+    cost = profile_cvae(build_cvae("cvae-small", shape, k, z), batch_size=2)
+    pixels = int(np.prod(shape))
+    assert (cost.model.flops, cost.decoder_flops) == tuple(2 * m for m in _small_macs(pixels, k, z))
+    assert (cost.model.params, cost.decoder_params) == _small_params(pixels, k, z)
+
+
+def test_cvae_large_flops_match_hand_count() -> None:
+    c, h, w, k, z = 1, 28, 28, 10, 20
+    gh, gw = h // 4, w // 4
+    encoder = (
+        h * w * 64 * c * 9  # conv 3x3 c -> 64 at full size
+        + h * w * 128 * 64 * 9  # conv 64 -> 128
+        + (h // 2) * (w // 2) * 256 * 128 * 9  # after the first pool
+        + 256 * gh * gw * 256  # flatten -> 256
+        + 2 * (256 + k) * z  # mean, log-variance
+    )
+    decoder = (
+        (z + k) * 256
+        + 256 * 256 * gh * gw
+        + gh * gw * 128 * 256 * 9  # transposed convs, stride 1, same size
+        + (h // 2) * (w // 2) * 64 * 128 * 9
+        + h * w * c * 64 * 9
+    )
+    model = build_cvae("cvae-large", (c, h, w), k, z)
+    cost = profile_cvae(model, batch_size=1)
+    assert cost.model.flops == 2 * (encoder + decoder)
+    assert cost.decoder_flops == 2 * decoder
+    assert encoder + decoder == 151_850_896  # vs 152.67 M in the paper's Table 2 (see the report)
+    assert cost.decoder_params == 3_601_153  # the reference's 3.60 M decoder
+
+
+def test_cvae_large_odd_size_and_too_small() -> None:
+    model = build_cvae("cvae-large", (3, 10, 9), 4, 3)
+    out = model.decoder(torch.zeros(2, 3), torch.eye(4)[:2])
+    assert out.shape == (2, 3, 10, 9)
+    with pytest.raises(SpecError, match="at least 4x4"):
+        build_cvae("cvae-large", (1, 3, 8), 10, 2)
+
+
+def test_arch_strings() -> None:
+    assert parse_cvae_arch("cvae-small-z2") == ("cvae-small", 2)
+    assert build_cvae("cvae-large-z20", (1, 8, 8), 10).latent_dim == 20
+    for bad in ("cvae-small", "cvae-medium-z2", "cvae-small-z0", "C8k3-F10"):
+        with pytest.raises(SpecError, match="not a CVAE arch"):
+            parse_cvae_arch(bad)
+    with pytest.raises(SpecError, match="latent_dim"):
+        build_cvae("cvae-small-z2", (1, 8, 8), 10, latent_dim=3)
+
+
+# ----------------------------------------------------------------------------------------------- config
+
+
+def test_config_presets_and_validation() -> None:
+    mnist = CVAEConfig.preset("mnist")
+    assert (mnist.epochs, mnist.lr, mnist.batch_size, mnist.model) == (30, 5e-2, 64, "cvae-small")
+    assert (CVAEConfig.preset("FashionMNIST").epochs, CVAEConfig.preset("svhn").lr) == (40, 1e-3)
+    assert CVAEConfig.preset("emnist", latent_dim=20).latent_dim == 20
+    assert CVAEConfig.preset("fast") == CVAEConfig()
+    with pytest.raises(ConfigError, match="unknown CVAE preset"):
+        CVAEConfig.preset("imagenet")
+    with pytest.raises(ConfigError, match="unknown CVAE options"):
+        CVAEConfig.preset("fast", hidden=128)
+    with pytest.raises(ConfigError, match="model must be one of"):
+        CVAEConfig(model="vae")
+    with pytest.raises(ConfigError, match="latent_dim"):
+        CVAEConfig(latent_dim=0)
+    with pytest.raises(ConfigError, match="lr"):
+        CVAEConfig(lr=-1.0)
+    with pytest.raises(ConfigError, match="batch_size"):
+        CVAEConfig(batch_size=True)
+
+
+# ----------------------------------------------------------------------------------------- decoder ONNX
+
+
+@pytest.mark.parametrize(("model_name", "shape"), [("cvae-small", (1, 28, 28)), ("cvae-large", (3, 8, 8))])
+def test_decoder_export_interface_and_parity(model_name: str, shape: tuple[int, int, int]) -> None:
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_cvae(model_name, shape, 10, 3)
+    data = export_decoder_onnx(
+        model.decoder, latent_dim=3, num_classes=10, output_shape=shape, metadata={"arch": model.arch}
+    )
+    proto = onnx.load_from_string(data)
+    assert [(op.domain, op.version) for op in proto.opset_import] == [("", OPSET)]
+    assert [i.name for i in proto.graph.input] == ["z", "y"]
+    assert [o.name for o in proto.graph.output] == ["x"]
+    dims = {v.name: v.type.tensor_type.shape.dim for v in [*proto.graph.input, *proto.graph.output]}
+    assert all(dims[name][0].dim_param == "batch" for name in ("z", "y", "x"))
+    assert [d.dim_value for d in dims["z"][1:]] == [3]
+    assert [d.dim_value for d in dims["y"][1:]] == [10]
+    assert [d.dim_value for d in dims["x"][1:]] == list(shape)
+    assert read_metadata(data) == {
+        "arch": model.arch,
+        "latent_dim": "3",
+        "num_classes": "10",
+        "opset": "18",
+        "output_shape": json.dumps(list(shape)),
+    }
+    assert check_decoder_parity(model.decoder, data, latent_dim=3, num_classes=10, seed=5) == shape
+    for batch in (1, 5):  # dynamic batch, against torch
+        gen = torch.Generator().manual_seed(batch)
+        z, y = torch.randn(batch, 3, generator=gen), torch.eye(10)[torch.arange(batch) % 10]
+        (got,) = onnx_session(data).run(["x"], {"z": z.numpy(), "y": y.numpy()})
+        with torch.no_grad():
+            expected = model.decoder(z, y).numpy()
+        assert got.shape == (batch, *shape)
+        assert float(np.abs(got - expected).max()) <= 1e-4
+        assert got.min() >= 0.0 and got.max() <= 1.0
+    # Initializer names are the decoder's state_dict keys: the server rebuilds it exactly.
+    rebuilt = build_cvae(model_name, shape, 10, 3).decoder
+    rebuilt.load_state_dict(initializer_state_dict(data, rebuilt), strict=True)
+    z, y = torch.randn(4, 3), torch.eye(10)[:4]
+    with torch.no_grad():
+        assert torch.equal(rebuilt(z, y), model.decoder(z, y))
+
+
+def test_decoder_parity_and_shape_failures() -> None:
+    first = build_cvae("cvae-small", (1, 6, 6), 4, 2)
+    other = build_cvae("cvae-small", (1, 6, 6), 4, 2)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.5)
+    data = export_decoder_onnx(first.decoder, latent_dim=2, num_classes=4, output_shape=(1, 6, 6))
+    with pytest.raises(ExportError, match=r"max abs diff .* > atol"):
+        check_decoder_parity(other.decoder, data, latent_dim=2, num_classes=4)
+    with pytest.raises(ExportError, match="failed validation"):  # strict shape inference sees the Reshape
+        export_decoder_onnx(first.decoder, latent_dim=2, num_classes=4, output_shape=(1, 3, 12))
+    large = build_cvae("cvae-large", (1, 8, 8), 4, 2)  # Resize leaves the dims symbolic: parity checks them
+    with pytest.raises(ExportError, match="output_shape"):
+        export_decoder_onnx(large.decoder, latent_dim=2, num_classes=4, output_shape=(1, 4, 16))
+    with pytest.raises(ExportError, match=r"torch\.onnx\.export failed"):
+        export_decoder_onnx(first.decoder, latent_dim=3, num_classes=4, output_shape=(1, 6, 6))
+    with pytest.raises(ExportError, match="latent_dim must be a positive int"):
+        export_decoder_onnx(first.decoder, latent_dim=0, num_classes=4, output_shape=(1, 6, 6))
+
+
+# --------------------------------------------------------------------------------------------- training
+
+
+def test_loss_is_summed_bce_plus_kl_per_sample() -> None:
+    model = build_cvae("cvae-small", (1, 3, 3), 2, 2)
+    gen = torch.Generator().manual_seed(0)
+    x, eps = torch.rand(4, 1, 3, 3, generator=gen), torch.randn(4, 2, generator=gen)
+    y = torch.eye(2)[[0, 1, 1, 0]]
+    loss, recon, kl = cvae_loss(model, x, y, eps)
+    mean, logvar = model.encoder(x, y)
+    std = torch.exp(0.5 * logvar)
+    p = model.decoder(mean + eps * std, y)  # pixels in (0, 1)
+    bce = -(x * p.log() + (1 - x) * (1 - p).log()).sum() / 4
+    posterior = torch.distributions.Normal(mean, std)
+    prior = torch.distributions.Normal(torch.zeros_like(mean), torch.ones_like(std))
+    kl_ref = torch.distributions.kl_divergence(posterior, prior).sum() / 4
+    torch.testing.assert_close(recon, bce, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kl, kl_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, bce + kl_ref, rtol=1e-5, atol=1e-5)
+    recon_out, mean_out, _ = model(x, y, eps)
+    torch.testing.assert_close(recon_out, p)
+    torch.testing.assert_close(mean_out, mean)
+
+
+def test_training_lowers_loss_and_is_deterministic(digits: ArrayDataset) -> None:
+    config = CVAEConfig(epochs=4, batch_size=32)
+    state = torch.get_rng_state()
+    model, losses = train_cvae(digits, config=config, seed=3)
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is untouched
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]
+    with torch.random.fork_rng():  # the same seeded init train_cvae starts from
+        torch.manual_seed(3)
+        untrained = build_cvae("cvae-small", digits.input_shape, 10, 2)
+    after, before = evaluate_cvae(model, digits, seed=0), evaluate_cvae(untrained, digits, seed=0)
+    assert after["loss"] < before["loss"]
+    assert after["loss"] == pytest.approx(after["recon"] + after["kl"], rel=1e-6)
+    again, _ = train_cvae(digits, config=config, seed=3)
+    for (key, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b), key
+
+
+# ---------------------------------------------------------------------------------------- roles, client
+
+
+def test_auto_role() -> None:
+    search = SearchConfig()
+    assert resolve_role("auto", load_profile("wearable"), (1, 28, 28), 10, search) == "cvae"
+    assert resolve_role("auto", load_profile("raspberry-pi-zero-2w"), (1, 28, 28), 10, search) == "classifier"
+    assert resolve_role("cvae", load_profile("laptop-cpu"), (1, 28, 28), 10, search) == "cvae"
+    # A classifier-role profile too small for the cheapest chain the search can draw switches to cvae.
+    tiny = DeviceProfile(name="tiny", memory_mb=64, gflops=1.0, max_flops=10_000, max_params=100_000)
+    assert str(smallest_classifier((1, 28, 28), 10, search)) == "C8k1-P-P-P-P-F10"  # 12,704 FLOPs
+    assert resolve_role("auto", tiny, (1, 28, 28), 10, search) == "cvae"
+    assert str(smallest_classifier((1, 28, 28), 10, SearchConfig(max_depth=4))) == "C8k1-P-P-F10"
+    fixed = SearchConfig(strategy="fixed", fixed_arch="C16k5-P-C32k5-P-F7")
+    assert str(smallest_classifier((1, 28, 28), 10, fixed)) == "C16k5-P-C32k5-P-F10"
+    assert resolve_role("auto", load_profile("raspberry-pi-zero-2w"), (1, 28, 28), 10, fixed) == "cvae"
+    with pytest.raises(ConfigError, match="role must be one of"):
+        ClientConfig(role="generator")
+    assert decoder_bundle_path("out/c.bundle") == Path("out/c.decoder.bundle")
+
+
+def test_run_client_cvae_writes_decoder_bundle(digits: ArrayDataset, tmp_path: Path) -> None:
+    config = ClientConfig(cvae=CVAEConfig(epochs=2), seed=1)  # role auto + wearable -> cvae
+    result = run_client(digits, profile=load_profile("wearable"), config=config, out=tmp_path / "w.bundle")
+    assert result.role == "cvae" and result.search is None and result.extra_bundles == ()
+    bundle = read_bundle(result.bundle_path)
+    assert bundle.kind == "cvae_decoder" and bundle.arch == result.arch == "cvae-small-z2"
+    assert bundle.latent_dim == 2 and bundle.input_shape == (1, 8, 8) and bundle.num_classes == 10
+    assert bundle.num_examples == 240 and sum(bundle.label_counts) == 240  # the 80 % train split
+    for key in ("train_loss", "val_loss", "val_recon", "val_kl", "flops", "params", "decoder_flops"):
+        assert key in bundle.metrics, key
+    assert bundle.metrics["decoder_flops"] == 2 * _small_macs(64, 10, 2)[1]
+    assert bundle.metrics["decoder_params"] < bundle.metrics["params"]
+    (x,) = onnx_session(bundle.model_onnx).run(
+        ["x"], {"z": np.zeros((3, 2), np.float32), "y": np.eye(10, dtype=np.float32)[:3]}
+    )
+    assert x.shape == (3, 1, 8, 8)
+    report = json.loads(result.report_path.read_text())
+    assert report["role"] == "cvae" and report["search"] is None and report["config"]["cvae"]["epochs"] == 2
+
+
+def test_run_client_both_and_budget(digits: ArrayDataset, tmp_path: Path) -> None:
+    search = SearchConfig(strategy="fixed", fixed_arch="C8k3-P-F10", final_epochs=1)
+    config = ClientConfig(role="both", search=search, cvae=CVAEConfig(epochs=1))
+    out = tmp_path / "c.bundle"
+    result = run_client(digits, profile=load_profile("laptop-cpu"), config=config, out=out)
+    assert result.role == "both" and result.bundle_path == out and result.search is not None
+    assert result.extra_bundles == (tmp_path / "c.decoder.bundle",)
+    assert (
+        read_bundle(out).kind == "classifier" and read_bundle(result.extra_bundles[0]).kind == "cvae_decoder"
+    )
+    report = json.loads(result.report_path.read_text())
+    assert report["bundle"] == "c.bundle" and report["decoder"]["bundle"] == "c.decoder.bundle"
+    assert {"search", "train", "export", "cvae_train", "cvae_export"} <= set(report["seconds"])
+    small = DeviceProfile(
+        name="band", memory_mb=64, gflops=1.0, max_flops=10**6, max_params=10_000, role="cvae"
+    )
+    with pytest.raises(BudgetError, match="max_params"):
+        run_client(digits, profile=small, config=ClientConfig(cvae=CVAEConfig(epochs=1)), out=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_run_role_cvae(digits: ArrayDataset, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edge_sdk.cli import main
+
+    data = tmp_path / "client.npz"
+    save_client_data(data, digits)
+    out = tmp_path / "c.bundle"
+    argv = ["run", "--data", str(data), "--profile", "laptop-cpu", "--out", str(out), "--quiet"]
+    argv += ["--role", "cvae", "--cvae-model", "cvae-small", "--latent-dim", "3", "--cvae-epochs", "1"]
+    assert main([*argv, "--cvae-lr", "0.01"]) == 0
+    assert "cvae_decoder" in capsys.readouterr().out
+    bundle = read_bundle(out)
+    assert (bundle.kind, bundle.latent_dim, bundle.metrics["lr"], bundle.metrics["epochs"]) == (
+        "cvae_decoder",
+        3,
+        0.01,
+        1,
+    )
+    assert main([*argv, "--cvae-preset", "imagenet"]) == 2

@@ -1,0 +1,145 @@
+"""FedMHO fusion: the CE / MD / SD losses, teacher probabilities, the training loop and its config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge_sdk.arch import build_model
+from profiles.errors import ConfigError, DataError
+from server_kit.fusion import FusionConfig, fuse, fusion_loss, teacher_probs
+
+SHAPE = (1, 4, 4)
+
+
+def _logits(seed: int, n: int = 6, k: int = 4) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+
+
+def test_ce_mode_and_md_with_lam_one_equal_cross_entropy() -> None:
+    student, y = _logits(0), torch.tensor([0, 1, 2, 3, 0, 1])
+    teacher = F.softmax(_logits(1), dim=1)
+    ce = F.cross_entropy(student, y)
+    assert torch.equal(fusion_loss(student, y, mode="ce"), ce)
+    for mode in ("md", "sd"):
+        assert torch.equal(fusion_loss(student, y, mode=mode, teacher_probs=teacher, lam=1.0), ce)
+
+
+def test_kl_term_is_batchmean_and_zero_for_identical_predictions() -> None:
+    student, y = _logits(2), torch.tensor([3, 2, 1, 0, 3, 2])
+    ce = F.cross_entropy(student, y)
+    same = F.softmax(student, dim=1)
+    torch.testing.assert_close(fusion_loss(student, y, mode="md", teacher_probs=same, lam=0.3), 0.3 * ce)
+    assert float(fusion_loss(student, y, mode="sd", teacher_probs=same, lam=0.0)) == pytest.approx(
+        0.0, abs=1e-6
+    )
+    teacher = F.softmax(_logits(3), dim=1)
+    q = F.softmax(student, dim=1)
+    kl = (teacher * (teacher.log() - q.log())).sum() / len(y)  # per-sample KL, averaged over the batch
+    torch.testing.assert_close(fusion_loss(student, y, mode="md", teacher_probs=teacher, lam=0.0), kl)
+    torch.testing.assert_close(
+        fusion_loss(student, y, mode="md", teacher_probs=teacher, lam=0.5), 0.5 * ce + 0.5 * kl
+    )
+
+
+def test_fusion_loss_validation() -> None:
+    student, y = _logits(0), torch.zeros(6, dtype=torch.long)
+    with pytest.raises(ConfigError, match="needs teacher_probs"):
+        fusion_loss(student, y, mode="md")
+    with pytest.raises(ConfigError, match="only used by the md and sd"):
+        fusion_loss(student, y, mode="ce", teacher_probs=F.softmax(student, dim=1))
+    with pytest.raises(ConfigError, match="lam"):
+        fusion_loss(student, y, mode="sd", teacher_probs=F.softmax(student, dim=1), lam=1.5)
+    with pytest.raises(ConfigError, match="shape"):
+        fusion_loss(student, y, mode="sd", teacher_probs=torch.full((6, 3), 1 / 3))
+    with pytest.raises(ConfigError, match="mode"):
+        fusion_loss(student, y, mode="kd")
+
+
+def test_teacher_probs_is_softmax_of_mean_logits() -> None:
+    first, second = nn.Linear(16, 4), nn.Linear(16, 4)
+    teachers = [nn.Sequential(nn.Flatten(), first).train(), nn.Sequential(nn.Flatten(), second).eval()]
+    x = torch.rand(7, *SHAPE)
+    flat = x.flatten(1)
+    with torch.no_grad():
+        expected = F.softmax((first(flat) + second(flat)) / 2, dim=1)
+    torch.testing.assert_close(teacher_probs(teachers, x, batch_size=3), expected)
+    assert teachers[0].training and not teachers[1].training  # flags restored
+
+
+def _task(n: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three separable classes: a bright pixel at position 0, 5 or 10 plus noise."""
+    gen = torch.Generator().manual_seed(0)
+    y = torch.arange(n) % 3
+    x = torch.rand(n, *SHAPE, generator=gen) * 0.2
+    x.view(n, -1)[torch.arange(n), y * 5] = 1.0
+    return x, y
+
+
+def _student(seed: int = 0) -> nn.Module:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return build_model("C4k3-P-F8-F3", SHAPE, 3)
+
+
+def test_fuse_lowers_the_loss_and_is_deterministic() -> None:
+    x, y = _task()
+    config = FusionConfig(mode="ce", epochs=6, lr=1e-2, batch_size=16)
+    student = _student()
+    losses = fuse(student, x, y, config=config, seed=1)
+    assert len(losses) == 6 and losses[-1] < 0.7 * losses[0]
+    again = _student()
+    fuse(again, x, y, config=config, seed=1)
+    for (key, a), b in zip(student.state_dict().items(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b), key
+
+
+def _trained(
+    mode: str, *, lam: float = 0.5, teachers: list[nn.Module] | None = None, initial=None
+) -> nn.Module:
+    x, y = _task()
+    student = _student()
+    fuse(student, x, y, config=FusionConfig(mode=mode, lam=lam, epochs=2, batch_size=16), teachers=teachers,
+         initial=initial, seed=0)  # fmt: skip
+    return student
+
+
+def _same(a: nn.Module, b: nn.Module) -> bool:
+    return all(
+        torch.equal(u, v) for u, v in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
+
+
+def test_fuse_md_and_sd_use_their_teachers() -> None:
+    ce = _trained("ce")
+    assert _same(_trained("sd", lam=1.0), ce)  # lam = 1 leaves only the CE term
+    assert _same(_trained("md", lam=1.0, teachers=[_student(5)]), ce)
+    assert not _same(_trained("md", teachers=[_student(5)]), ce)
+    assert not _same(_trained("md", teachers=[_student(5)]), _trained("md", teachers=[_student(6)]))
+    # sd without `initial` distils from a frozen copy of the student as it was on entry (w_0).
+    assert _same(_trained("sd"), _trained("sd", initial=_student()))
+    assert not _same(_trained("sd"), _trained("sd", initial=_student(7)))
+    x, y = _task()
+    with pytest.raises(ConfigError, match="needs the classifier teachers"):
+        fuse(_student(), x, y, config=FusionConfig(mode="md", epochs=1), seed=0)
+    with pytest.raises(DataError, match="empty"):
+        fuse(_student(), x[:0], y[:0], config=FusionConfig(mode="ce", epochs=1), seed=0)
+
+
+def test_fusion_config() -> None:
+    mnist = FusionConfig.preset("mnist")
+    assert (mnist.epochs, mnist.lr, mnist.batch_size, mnist.lam, mnist.mode) == (10, 1e-5, 64, 0.5, "md")
+    assert FusionConfig.preset("fashion-mnist", mode="sd").lr == 5e-4
+    assert (FusionConfig.preset("emnist").epochs, FusionConfig.preset("svhn").lr) == (30, 5e-5)
+    with pytest.raises(ConfigError, match="unknown fusion preset"):
+        FusionConfig.preset("cifar100")
+    with pytest.raises(ConfigError, match="unknown fusion options"):
+        FusionConfig.preset("fast", tau=4)
+    with pytest.raises(ConfigError, match="mode"):
+        FusionConfig(mode="kd")
+    with pytest.raises(ConfigError, match="lam"):
+        FusionConfig(lam=-0.1)
+    with pytest.raises(ConfigError, match="lr"):
+        FusionConfig(lr=0)
