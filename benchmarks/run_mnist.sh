@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# MNIST benchmark rows: `server-kit simulate` with 10 clients, measured with /usr/bin/time -v.
+#
+#   benchmarks/run_mnist.sh ROW [extra simulate options]
+#
+# ROW is one of: pso-a0.1 pso-a0.3 pso-a0.5 fixed-a0.5 randompool-a0.5 nozskd-a0.5 (or any name with
+# your own options). The run directory is runs/bench/ROW (rerun to resume); the raw outputs worth keeping
+# (results.json, the server report, the /usr/bin/time log, the pseudo-image grid) are copied to
+# benchmarks/results/ROW/. Environment: DATA_ROOT (default ../shared/datasets), JOBS (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+row=${1:?usage: benchmarks/run_mnist.sh ROW [simulate options]}
+shift
+DATA_ROOT=${DATA_ROOT:-../shared/datasets}
+JOBS=${JOBS:-2}
+PROFILES=${PROFILES:-laptop-cpu,jetson-nano-4gb,android-midrange,raspberry-pi-4-4gb,jetson-orin-nano-8gb}
+SEED=${SEED:-0}
+
+case "$row" in
+  pso-a0.1) opts=(--alpha 0.1) ;;
+  pso-a0.3) opts=(--alpha 0.3) ;;
+  pso-a0.5) opts=(--alpha 0.5) ;;
+  fixed-a0.5) opts=(--alpha 0.5 --strategy fixed --fixed-arch C32k5-P-C64k5-P-F10) ;;
+  randompool-a0.5) opts=(--alpha 0.5 --strategy random-pool) ;;
+  nozskd-a0.5)
+    # Table 5 ablation: same clients as pso-a0.5 (copied, so only the server differs), hard labels.
+    opts=(--alpha 0.5 --hard-labels)
+    if [ -d runs/bench/pso-a0.5/clients ] && [ ! -d "runs/bench/$row/clients" ]; then
+      mkdir -p "runs/bench/$row"
+      cp -r runs/bench/pso-a0.5/clients runs/bench/pso-a0.5/data "runs/bench/$row/"
+    fi ;;
+  *) opts=() ;;
+esac
+
+run_dir="runs/bench/$row"
+keep="benchmarks/results/$row"
+mkdir -p "$run_dir" "$keep"
+cmd=(.venv/bin/server-kit simulate --dataset mnist --data-root "$DATA_ROOT" --num-clients 10 --seed "$SEED"
+     --profiles "$PROFILES" --jobs "$JOBS" --out "$run_dir" --quiet "${opts[@]}" "$@")
+printf '%q ' "${cmd[@]}" > "$keep/command.txt"
+echo >> "$keep/command.txt"
+/usr/bin/time -v -o "$keep/time.txt" "${cmd[@]}" | tee "$keep/stdout.txt"
+cp "$run_dir/results.json" "$keep/results.json"
+cp "$run_dir/server/report.json" "$keep/server_report.json"
+cp "$run_dir/server/pseudo_images.png" "$keep/pseudo_images.png" 2>/dev/null || true
+for f in "$run_dir"/clients/*.report.json; do
+  mkdir -p "$keep/clients" && cp "$f" "$keep/clients/"
+done

@@ -1,0 +1,341 @@
+"""`edge-sdk`: thin command-line wrappers. Each subcommand builds a config and calls one library function."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from profiles.errors import ToolkitError
+
+__all__ = ["cli_main", "main"]
+
+
+def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse, dispatch to ``args.func``, and turn toolkit errors into one line + exit code 2.
+
+    Shared by both CLIs. ``--debug`` re-raises so the traceback is shown.
+    """
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        args.func(args)
+    except (ToolkitError, FileNotFoundError, IsADirectoryError, PermissionError) as err:
+        if args.debug:
+            raise
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; rerun the same command to resume where supported", file=sys.stderr)
+        return 130
+    return 0
+
+
+def add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    # Sub-commands use SUPPRESS so `prog --debug cmd` is not reset to False by the sub-parser's default.
+    default = False if top else argparse.SUPPRESS
+    parser.add_argument("--debug", action="store_true", default=default, help="show the full traceback on errors")
+
+
+def print_json(obj: Any) -> None:
+    print(json.dumps(obj, sort_keys=True, indent=2))
+
+
+def overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+    """The options the user actually gave (None means 'keep the preset's value')."""
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+SEARCH_KNOBS = (
+    "strategy",
+    "particles",
+    "iterations",
+    "epochs",
+    "repeats",
+    "final_epochs",
+    "cg",
+    "fixed_arch",
+    "max_train_samples",
+)
+
+
+def add_search_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="fast", help="search preset: fast (default) or paper")
+    p.add_argument("--strategy", help="pso (default), fixed or random-pool")
+    p.add_argument("--particles", type=int, help="PSO swarm size N")
+    p.add_argument("--iterations", type=int, help="PSO iterations T")
+    p.add_argument("--epochs", type=int, help="training epochs per candidate (fitness)")
+    p.add_argument("--repeats", type=int, help="independent PSO repeats R (best kept)")
+    p.add_argument("--final-epochs", type=int, help="epochs of full training of the winner")
+    p.add_argument("--cg", type=float, help="PSO control factor Cg in [0, 1]")
+    p.add_argument("--fixed-arch", help="architecture of the fixed strategy, default CNN1 = C32k5-P-C64k5-P-F10")
+    p.add_argument("--max-train-samples", type=int, help="subsample the training split for fitness runs")
+
+
+# --cvae-* option -> CVAEConfig field
+CVAE_KNOBS = {"cvae_model": "model", "latent_dim": "latent_dim", "cvae_epochs": "epochs", "cvae_lr": "lr"}
+
+
+def add_cvae_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--role",
+        default="auto",
+        choices=["auto", "classifier", "cvae", "both"],
+        help="auto (default: the profile's hint; cvae when no classifier fits), classifier, cvae, or both "
+        "(classifier bundle at --out, decoder bundle at --out with suffix .decoder.bundle)",
+    )
+    p.add_argument("--cvae-preset", default="fast", help="CVAE preset: fast (default) or a dataset name")
+    p.add_argument("--cvae-model", choices=["cvae-small", "cvae-large"], help="CVAE architecture")
+    p.add_argument("--latent-dim", type=int, help="CVAE latent size z")
+    p.add_argument("--cvae-epochs", type=int, help="CVAE training epochs")
+    p.add_argument("--cvae-lr", type=float, help="CVAE Adam learning rate")
+
+
+def cvae_config(args: argparse.Namespace):  # -> CVAEConfig
+    from edge_sdk.cvae import CVAEConfig
+
+    given = overrides(args, list(CVAE_KNOBS))
+    return CVAEConfig.preset(args.cvae_preset, **{CVAE_KNOBS[k]: v for k, v in given.items()})
+
+
+def search_config(args: argparse.Namespace):  # -> SearchConfig
+    from edge_sdk.search import SearchConfig
+
+    return SearchConfig.preset(args.preset, **overrides(args, SEARCH_KNOBS))
+
+
+def load_data(args: argparse.Namespace):  # -> ArrayDataset
+    from edge_sdk.data import load_client_data
+
+    return load_client_data(args.data, num_classes=getattr(args, "num_classes", None))
+
+
+# --- subcommands -------------------------------------------------------------------------------------
+
+
+def cmd_partition(args: argparse.Namespace) -> None:
+    from edge_sdk.data import partition
+
+    result = partition(
+        args.dataset,
+        args.data_root,
+        num_clients=args.num_clients,
+        alpha=args.alpha,
+        seed=args.seed,
+        out_dir=args.out,
+        min_size=args.min_size,
+        download=args.download,
+    )
+    print(f"wrote {len(result.client_paths)} client files + {result.test_path.name} to {args.out}")
+    for path, hist in zip(result.client_paths, result.label_histogram, strict=True):
+        print(f"{path.name}: n={sum(hist):6d}  classes={list(hist)}")
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    from edge_sdk.profiling import measure_device
+    from export.atomic import atomic_write_text
+    from profiles import profile_to_toml
+
+    profile = measure_device(name=args.name, seconds=args.seconds, role=args.role)
+    comments = [f"measured by `edge-sdk profile` (edge_sdk {_version()})", profile.gflops_source]
+    text = profile_to_toml(profile, comments=comments)
+    if args.out:
+        atomic_write_text(args.out, text)
+        print(f"wrote {args.out}")
+    print(text, end="")
+
+
+def cmd_profiles(args: argparse.Namespace) -> None:
+    from profiles import list_profiles, load_profile
+
+    print(f"{'name':24s} {'role':10s} {'memory_mb':>9s} {'GFLOP/s':>8s} {'max_flops':>12s} {'max_params':>11s}")
+    for name in list_profiles():
+        p = load_profile(name)
+        print(f"{p.name:24s} {p.role:10s} {p.memory_mb:9.0f} {p.gflops:8.1f} {p.max_flops:12d} {p.max_params:11d}")
+
+
+def cmd_search(args: argparse.Namespace) -> None:
+    from edge_sdk.client import resolve_device
+    from edge_sdk.data import split_train_val
+    from edge_sdk.search import search
+    from export.atomic import atomic_write_json
+    from profiles import load_profile
+
+    data = load_data(args)
+    train_split, val_split = split_train_val(data, val_fraction=args.val_fraction, seed=args.seed)
+    result = search(
+        train_split,
+        val_split,
+        profile=load_profile(args.profile),
+        config=search_config(args),
+        seed=args.seed,
+        device=resolve_device(args.device),
+        progress=not args.quiet,
+    )
+    atomic_write_json(args.out, result.to_dict())
+    print(f"best {result.best_spec} (val CE {result.best_fitness:.4f}); {result.candidate_epochs} candidate-epochs, "
+          f"{result.rejected} over budget, {result.cache_hits} cache hits; wrote {args.out}")
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from edge_sdk.client import save_trained_model, train_final
+    from edge_sdk.data import split_train_val
+
+    data = load_data(args)
+    train_split, val_split = split_train_val(data, val_fraction=args.val_fraction, seed=args.seed)
+    trained = train_final(
+        args.arch,
+        train_split,
+        val_split,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        device=args.device,
+        progress=not args.quiet,
+    )
+    save_trained_model(trained, args.out)
+    print(f"{trained.arch}: val accuracy {trained.metrics['val_accuracy']:.4f}; wrote {args.out}")
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from edge_sdk.client import bundle_model, load_trained_model
+    from profiles import load_profile
+
+    trained, onnx_bytes = load_trained_model(args.model)
+    bundle = bundle_model(trained, load_profile(args.profile), args.out, seed=args.seed, onnx_bytes=onnx_bytes)
+    print(f"wrote {args.out} ({bundle.kind}, {bundle.arch}, sha256 {bundle.sha256[:12]})")
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from edge_sdk.client import ClientConfig, run_client
+    from profiles import load_profile
+
+    config = ClientConfig(
+        search=search_config(args),
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        device=args.device,
+        progress=not args.quiet,
+        role=args.role,
+        cvae=cvae_config(args),
+    )
+    result = run_client(load_data(args), profile=load_profile(args.profile), config=config, out=args.out)
+    m = result.metrics
+    if result.search is None:  # role cvae
+        print(
+            f"{result.arch}: val loss {m['val_loss']:.4f}, decoder {m['decoder_flops']} FLOPs, "
+            f"{m['decoder_params']} params; wrote {result.bundle_path} (cvae_decoder)"
+        )
+        return
+    print(
+        f"{result.arch}: val accuracy {m['val_accuracy']:.4f}, {m['flops']} FLOPs, {m['params']} params, "
+        f"{m['candidate_epochs']} candidate-epochs; wrote {result.bundle_path}"
+    )
+    for extra in result.extra_bundles:
+        print(f"wrote {extra} (cvae_decoder)")
+
+
+def cmd_inspect(args: argparse.Namespace) -> None:
+    from export.atomic import atomic_write_bytes
+    from export.bundle import read_bundle
+
+    bundle = read_bundle(args.file)
+    print_json(bundle.manifest())
+    if args.extract_onnx:
+        atomic_write_bytes(args.extract_onnx, bundle.model_onnx)
+        print(f"wrote {args.extract_onnx}", file=sys.stderr)
+
+
+def _version() -> str:
+    from edge_sdk import __version__
+
+    return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-sdk",
+        description="Edge SDK: profile the device, search/train a model under its budget, export ONNX, write a bundle.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    add_common(parser, top=True)
+    sub = parser.add_subparsers(title="commands")
+
+    def command(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_common(p)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("partition", cmd_partition, "Dirichlet label-skew partition of a dataset into client .npz files")
+    p.add_argument("--dataset", required=True, help="mnist, fashionmnist, cifar10, svhn or digits")
+    p.add_argument("--data-root", help="torchvision-layout dataset root (not needed for digits)")
+    p.add_argument("--num-clients", type=int, required=True)
+    p.add_argument("--alpha", type=float, required=True, help="Dirichlet concentration (> 0; smaller = more skew)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-size", type=int, default=10, help="minimum samples per client")
+    p.add_argument("--download", action="store_true", help="download the dataset if missing (needs internet)")
+    p.add_argument("--out", required=True, help="output directory")
+
+    p = command("profile", cmd_profile, "measure this device and write a profile TOML")
+    p.add_argument("--out", help="profile TOML to write")
+    p.add_argument("--name", default="this-device")
+    p.add_argument("--role", default="classifier", choices=["classifier", "cvae"])
+    p.add_argument("--seconds", type=float, default=2.0, help="time per micro-benchmark")
+
+    command("profiles", cmd_profiles, "list the shipped device profiles")
+
+    def data_args(p: argparse.ArgumentParser, *, seed: bool = True) -> None:
+        p.add_argument("--data", required=True, help="client data: .npz (x, y) or an image folder")
+        p.add_argument("--num-classes", type=int, help="class count when the data file does not record it")
+        p.add_argument("--val-fraction", type=float, default=0.2, help="local validation split")
+        p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+        p.add_argument("--quiet", action="store_true", help="no progress bars")
+        if seed:
+            p.add_argument("--seed", type=int, default=0)
+
+    p = command("search", cmd_search, "architecture search under the device budget (writes search JSON)")
+    data_args(p)
+    p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
+    p.add_argument("--out", required=True, help="search result JSON")
+    add_search_args(p)
+
+    p = command("train", cmd_train, "train one architecture on local data (writes a BN-preserving ONNX model)")
+    data_args(p)
+    p.add_argument("--arch", required=True, help="architecture spec, e.g. C32k3-P-C64k5-P-F128-F10")
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--out", required=True, help="model .onnx to write")
+
+    p = command("export", cmd_export, "wrap a model from `edge-sdk train` into a client bundle")
+    p.add_argument("--model", required=True, help="model .onnx written by `edge-sdk train`")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="bundle file to write")
+
+    p = command("run", cmd_run, "search -> train -> export -> bundle in one call (or train a CVAE: --role)")
+    data_args(p)
+    p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
+    p.add_argument("--out", required=True, help="bundle file to write")
+    add_search_args(p)
+    add_cvae_args(p)
+
+    p = command("inspect", cmd_inspect, "print a bundle's manifest (and optionally extract its ONNX)")
+    p.add_argument("file")
+    p.add_argument("--extract-onnx", help="write the bundled ONNX model here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli_main("edge-sdk", build_parser(), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,529 @@
+"""The device pipeline: split -> search -> train -> export -> bundle.
+
+Each stage is its own public function so a device (or the CLI) can run them separately; `run_client`
+chains them exactly as `edge-sdk run` and `server-kit simulate` do, so a simulated client is a real one.
+
+Roles (FedMHO): a ``classifier`` client searches, trains and uploads a classifier; a ``cvae`` client
+trains a conditional VAE (:mod:`edge_sdk.cvae`) and uploads only its decoder as a ``cvae_decoder`` bundle.
+``auto`` (the default) follows the profile's role hint, and also picks ``cvae`` when the budget cannot fit
+the smallest classifier the configured search could return (:func:`smallest_classifier`), since the search
+would then fail anyway. ``both`` (ours, not the paper's) runs the two in turn: the classifier bundle at
+``out`` and the decoder bundle at :func:`decoder_bundle_path` (``out`` with the suffix ``.decoder.bundle``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edge_sdk import __version__
+from edge_sdk.arch import ArchSpec, ChainSpec, Conv, Dense, Pool, build_model, parse_arch
+from edge_sdk.cvae import CVAE, CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
+from edge_sdk.data import ArrayDataset, split_train_val
+from edge_sdk.profiling import fits, profile_model
+from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
+from edge_sdk.train import TrainConfig, evaluate, seeded, train
+from export.atomic import atomic_write_bytes, atomic_write_json
+from export.bundle import Bundle, write_bundle
+from export.onnx_export import export_decoder_onnx, export_onnx, read_metadata
+from export.weights import initializer_state_dict
+from profiles import DeviceProfile
+from profiles.errors import BudgetError, ConfigError
+
+__all__ = [
+    "CLIENT_ROLES",
+    "ClientConfig",
+    "ClientResult",
+    "TrainedCVAE",
+    "TrainedModel",
+    "bundle_cvae",
+    "bundle_model",
+    "decoder_bundle_path",
+    "load_trained_model",
+    "resolve_role",
+    "run_client",
+    "save_trained_model",
+    "smallest_classifier",
+    "train_cvae_final",
+    "train_final",
+]
+
+CLIENT_ROLES = ("auto", "classifier", "cvae", "both")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientConfig:
+    """Everything a device run needs besides its data and profile.
+
+    ``role`` is one of :data:`CLIENT_ROLES` (see the module docstring); ``cvae`` configures the CVAE of
+    the ``cvae`` and ``both`` roles.
+    """
+
+    search: SearchConfig = field(default_factory=SearchConfig)
+    val_fraction: float = 0.2
+    seed: int = 0
+    device: str = "cpu"
+    progress: bool = False
+    role: str = "auto"
+    cvae: CVAEConfig = field(default_factory=CVAEConfig)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device must be cpu, cuda[:N] or auto, got {self.device!r}")
+        if self.role not in CLIENT_ROLES:
+            raise ConfigError(f"role must be one of {CLIENT_ROLES}, got {self.role!r}")
+        if not isinstance(self.cvae, CVAEConfig):
+            raise ConfigError(f"cvae must be a CVAEConfig, got {type(self.cvae).__name__}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "search": self.search.__dict__ | {},
+            "val_fraction": self.val_fraction,
+            "seed": self.seed,
+            "device": self.device,
+            "role": self.role,
+            "cvae": self.cvae.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """A trained model plus what the bundle needs to describe it."""
+
+    module: torch.nn.Module
+    arch: str
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    label_counts: tuple[int, ...]
+    num_examples: int
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TrainedCVAE:
+    """A trained CVAE plus what its decoder bundle needs."""
+
+    module: CVAE
+    arch: str
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    label_counts: tuple[int, ...]
+    num_examples: int
+    latent_dim: int
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """What `run_client` wrote. ``bundle_path`` / ``arch`` / ``metrics`` describe the bundle at ``out``
+    (the classifier for ``both``); ``search`` is None when no search ran (role ``cvae``);
+    ``extra_bundles`` holds the decoder bundle of the ``both`` role."""
+
+    bundle_path: Path
+    report_path: Path
+    arch: str
+    search: SearchResult | None
+    metrics: dict[str, Any]
+    seconds: dict[str, float]
+    role: str = "classifier"
+    extra_bundles: tuple[Path, ...] = ()
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def smallest_classifier(
+    input_shape: tuple[int, int, int], num_classes: int, search: SearchConfig
+) -> ArchSpec:
+    """The cheapest classifier the configured search could return: the fixed architecture for the
+    ``fixed`` strategy, else the cheapest chain the sampler can draw (its narrowest 1x1 conv, as many 2x2
+    poolings as the input and ``max_depth`` allow, then the head). For ``random-pool`` this is a lower
+    bound: the pool's models are larger, and the search says so when none fits."""
+    if search.strategy == "fixed":
+        spec = parse_arch(search.fixed_arch)
+        return spec.with_num_classes(num_classes) if isinstance(spec, ChainSpec) else spec
+    size, pools = min(input_shape[1], input_shape[2]), 0
+    while size >= 2 and pools < search.max_depth - 2:
+        size, pools = size // 2, pools + 1
+    layers = (Conv(min(CHANNELS), min(KERNELS)), *[Pool("max")] * pools, Dense(num_classes))
+    return ChainSpec(layers).validate(input_shape)
+
+
+def _classifier_fits(
+    profile: DeviceProfile, input_shape: tuple[int, int, int], num_classes: int, search: SearchConfig
+) -> str | None:
+    """None when the smallest classifier fits the profile (FLOPs, parameters, training memory), else why."""
+    spec = smallest_classifier(input_shape, num_classes, search)
+    with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
+        model = build_model(spec, input_shape, num_classes)
+    problem = fits(profile_model(model, input_shape, batch_size=search.batch_size), profile)
+    return None if problem is None else f"smallest classifier {spec}: {problem}"
+
+
+def resolve_role(
+    role: str,
+    profile: DeviceProfile,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    search: SearchConfig,
+) -> str:
+    """``classifier``, ``cvae`` or ``both``: an explicit role as given; ``auto`` -> ``cvae`` when the
+    profile's role hint is cvae or the smallest classifier does not fit its budget, else ``classifier``."""
+    if role not in CLIENT_ROLES:
+        raise ConfigError(f"role must be one of {CLIENT_ROLES}, got {role!r}")
+    if role != "auto":
+        return role
+    if profile.role == "cvae" or _classifier_fits(profile, input_shape, num_classes, search) is not None:
+        return "cvae"
+    return "classifier"
+
+
+def decoder_bundle_path(out: str | Path) -> Path:
+    """Where the ``both`` role writes the decoder bundle: ``client.bundle`` -> ``client.decoder.bundle``."""
+    return Path(out).with_suffix(".decoder.bundle")
+
+
+def train_final(
+    arch: str,
+    train_split: ArrayDataset,
+    val_split: ArrayDataset,
+    *,
+    epochs: int,
+    lr: float = 1e-3,
+    batch_size: int = 64,
+    seed: int,
+    device: str = "cpu",
+    progress: bool = False,
+) -> TrainedModel:
+    """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled)."""
+    spec = parse_arch(arch)
+    num_classes = train_split.num_classes
+    with torch.random.fork_rng():  # seeded weight init without touching the caller's global RNG
+        torch.manual_seed(seed)
+        model = build_model(spec, train_split.input_shape, num_classes)
+    dev = resolve_device(device)
+    start = time.perf_counter()
+    losses = train(
+        model,
+        train_split,
+        config=TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size),
+        seed=seed,
+        device=dev,
+        progress=progress,
+    )
+    val_loss, val_acc = evaluate(model, val_split, device=dev)
+    model = model.cpu().eval()
+    cost = profile_model(model, train_split.input_shape, batch_size=batch_size)
+    metrics = {
+        "val_accuracy": float(val_acc),
+        "val_loss": float(val_loss),
+        "train_loss": float(losses[-1]) if losses else float("nan"),
+        "final_epochs": int(epochs),
+        "train_seconds": round(time.perf_counter() - start, 3),
+        **{k: int(v) for k, v in cost.to_dict().items()},
+    }
+    return TrainedModel(
+        module=model,
+        arch=str(spec),
+        num_classes=num_classes,
+        input_shape=train_split.input_shape,
+        label_counts=tuple(train_split.label_counts()),
+        num_examples=len(train_split),
+        metrics=metrics,
+    )
+
+
+def save_trained_model(trained: TrainedModel, path: str | Path) -> Path:
+    """Write the trained model as a BN-preserving ONNX file with everything `bundle_model` needs.
+
+    ONNX is the SDK's model file: it cannot execute code, the server reads it, and the weights can be
+    reloaded exactly (initializer names equal state_dict keys).
+    """
+    meta = {
+        "arch": trained.arch,
+        "num_classes": str(trained.num_classes),
+        "input_shape": json.dumps(list(trained.input_shape)),
+        "label_counts": json.dumps(list(trained.label_counts)),
+        "num_examples": str(trained.num_examples),
+        "metrics": json.dumps(trained.metrics, sort_keys=True),
+        "sdk_version": __version__,
+        "producer": "edge_sdk.train",
+    }
+    data = export_onnx(trained.module, trained.input_shape, metadata=meta)
+    return atomic_write_bytes(path, data)
+
+
+def load_trained_model(path: str | Path) -> tuple[TrainedModel, bytes]:
+    """Inverse of `save_trained_model`: rebuild the module from its arch and load the ONNX weights."""
+    data = Path(path).read_bytes()
+    meta = read_metadata(data)
+    try:
+        arch = meta["arch"]
+        num_classes = int(meta["num_classes"])
+        input_shape = tuple(json.loads(meta["input_shape"]))
+        label_counts = tuple(json.loads(meta["label_counts"]))
+        num_examples = int(meta["num_examples"])
+        metrics = json.loads(meta["metrics"])
+    except (KeyError, ValueError) as err:
+        raise ConfigError(
+            f"{path} is not a model written by `edge-sdk train` (missing metadata {err}); "
+            "train it with the SDK"
+        ) from err
+    module = build_model(arch, input_shape, num_classes)  # type: ignore[arg-type]
+    module.load_state_dict(initializer_state_dict(data, module), strict=True)
+    trained = TrainedModel(
+        module=module.eval(),
+        arch=arch,
+        num_classes=num_classes,
+        input_shape=input_shape,  # type: ignore[arg-type]
+        label_counts=label_counts,
+        num_examples=num_examples,
+        metrics=metrics,
+    )
+    return trained, data
+
+
+def bundle_model(
+    trained: TrainedModel,
+    profile: DeviceProfile,
+    out: str | Path,
+    *,
+    seed: int,
+    onnx_bytes: bytes | None = None,
+    extra_metrics: dict[str, Any] | None = None,
+) -> Bundle:
+    """Check the budget once more, export (unless given the ONNX), and write the bundle atomically."""
+    cost = profile_model(trained.module, trained.input_shape)
+    problem = fits(cost, profile)
+    if problem is not None:
+        raise BudgetError(f"trained model {trained.arch} does not fit the device: {problem}")
+    if onnx_bytes is None:
+        onnx_bytes = export_onnx(
+            trained.module,
+            trained.input_shape,
+            metadata={"arch": trained.arch, "sdk_version": __version__, "producer": "edge_sdk.client"},
+        )
+    metrics = dict(trained.metrics) | dict(extra_metrics or {})
+    bundle = Bundle(
+        kind="classifier",
+        model_onnx=onnx_bytes,
+        arch=trained.arch,
+        num_classes=trained.num_classes,
+        input_shape=trained.input_shape,
+        label_counts=trained.label_counts,
+        num_examples=trained.num_examples,
+        profile=_profile_summary(profile),
+        metrics=metrics,
+        seed=seed,
+        sdk_version=__version__,
+    )
+    write_bundle(bundle, out)
+    return bundle
+
+
+def _profile_summary(profile: DeviceProfile) -> dict[str, Any]:
+    return {
+        "name": profile.name,
+        "max_flops": profile.max_flops,
+        "max_params": profile.max_params,
+        "memory_mb": profile.memory_mb,
+        "gflops": profile.gflops,
+        "role": profile.role,
+    }
+
+
+def train_cvae_final(
+    train_split: ArrayDataset,
+    val_split: ArrayDataset,
+    *,
+    config: CVAEConfig,
+    profile: DeviceProfile,
+    seed: int,
+    device: str = "cpu",
+    progress: bool = False,
+) -> TrainedCVAE:
+    """Check the whole CVAE against the budget (FLOPs and parameters of encoder + decoder, training
+    memory), then train it and measure its loss on the validation split."""
+    with seeded(seed):
+        probe = build_cvae(config.model, train_split.input_shape, train_split.num_classes, config.latent_dim)
+    cost = profile_cvae(probe, batch_size=config.batch_size)
+    problem = fits(cost.model, profile)
+    if problem is not None:
+        raise BudgetError(
+            f"{config.arch} does not fit the device: {problem}; fix: a smaller --latent-dim or "
+            "--cvae-model cvae-small"
+        )
+    dev = resolve_device(device)
+    start = time.perf_counter()
+    model, losses = train_cvae(train_split, config=config, seed=seed, device=dev, progress=progress)
+    val = evaluate_cvae(model, val_split, seed=seed, device=dev)
+    model = model.cpu().eval()
+    metrics = {
+        "model": config.model,
+        "latent_dim": config.latent_dim,
+        "epochs": config.epochs,
+        "lr": float(config.lr),
+        "batch_size": config.batch_size,
+        "train_loss": float(losses[-1]) if losses else float("nan"),
+        "val_loss": val["loss"],
+        "val_recon": val["recon"],
+        "val_kl": val["kl"],
+        "train_seconds": round(time.perf_counter() - start, 3),
+        **cost.to_metrics(),
+    }
+    return TrainedCVAE(
+        module=model,
+        arch=model.arch,
+        num_classes=train_split.num_classes,
+        input_shape=train_split.input_shape,
+        label_counts=tuple(train_split.label_counts()),
+        num_examples=len(train_split),
+        latent_dim=model.latent_dim,
+        metrics=metrics,
+    )
+
+
+def bundle_cvae(trained: TrainedCVAE, profile: DeviceProfile, out: str | Path, *, seed: int) -> Bundle:
+    """Export the decoder alone (validated, parity-checked) and write a ``cvae_decoder`` bundle atomically."""
+    onnx_bytes = export_decoder_onnx(
+        trained.module.decoder,
+        latent_dim=trained.latent_dim,
+        num_classes=trained.num_classes,
+        output_shape=trained.input_shape,
+        metadata={"arch": trained.arch, "sdk_version": __version__, "producer": "edge_sdk.client"},
+    )
+    bundle = Bundle(
+        kind="cvae_decoder",
+        model_onnx=onnx_bytes,
+        arch=trained.arch,
+        num_classes=trained.num_classes,
+        input_shape=trained.input_shape,
+        label_counts=trained.label_counts,
+        num_examples=trained.num_examples,
+        latent_dim=trained.latent_dim,
+        profile=_profile_summary(profile),
+        metrics=trained.metrics,
+        seed=seed,
+        sdk_version=__version__,
+    )
+    write_bundle(bundle, out)
+    return bundle
+
+
+def run_client(
+    data: ArrayDataset,
+    *,
+    profile: DeviceProfile,
+    config: ClientConfig,
+    out: str | Path,
+) -> ClientResult:
+    """The device pipeline for the resolved role, as `edge-sdk run`. Writes `out` and `out`.report.json
+    (and, for ``both``, the decoder bundle at :func:`decoder_bundle_path`)."""
+    out = Path(out)
+    train_split, val_split = split_train_val(data, val_fraction=config.val_fraction, seed=config.seed)
+    role = resolve_role(config.role, profile, data.input_shape, data.num_classes, config.search)
+    report_path = out.with_name(out.name + ".report.json")
+    seconds: dict[str, float] = {}
+    report: dict[str, Any] = {"role": role, "profile": profile.name, "config": config.to_dict()}
+    result: ClientResult | None = None
+    if role in ("classifier", "both"):
+        result = _run_classifier(train_split, val_split, profile, config, out, seconds, report)
+    if role in ("cvae", "both"):
+        path = out if role == "cvae" else decoder_bundle_path(out)
+        t0 = time.perf_counter()
+        trained = train_cvae_final(
+            train_split,
+            val_split,
+            config=config.cvae,
+            profile=profile,
+            seed=config.seed,
+            device=config.device,
+            progress=config.progress,
+        )
+        seconds["cvae_train"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        bundle_cvae(trained, profile, path, seed=config.seed)
+        seconds["cvae_export"] = time.perf_counter() - t0
+        entry = {"bundle": path.name, "arch": trained.arch, "metrics": trained.metrics}
+        if result is None:
+            report |= entry | {"search": None}
+            result = ClientResult(path, report_path, trained.arch, None, dict(trained.metrics), seconds, role)
+        else:
+            report["decoder"] = entry
+            result = ClientResult(
+                out, report_path, result.arch, result.search, result.metrics, seconds, role, (path,)
+            )
+    assert result is not None
+    report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
+    atomic_write_json(report_path, dict(sorted(report.items())))
+    return result
+
+
+def _run_classifier(
+    train_split: ArrayDataset,
+    val_split: ArrayDataset,
+    profile: DeviceProfile,
+    config: ClientConfig,
+    out: Path,
+    seconds: dict[str, float],
+    report: dict[str, Any],
+) -> ClientResult:
+    """search -> train -> export -> bundle at ``out``; fills ``seconds`` and ``report``."""
+    t0 = time.perf_counter()
+    result = search(
+        train_split,
+        val_split,
+        profile=profile,
+        config=config.search,
+        seed=config.seed,
+        device=resolve_device(config.device),
+        progress=config.progress,
+    )
+    seconds["search"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    trained = train_final(
+        result.best_spec,
+        train_split,
+        val_split,
+        epochs=config.search.final_epochs,
+        lr=config.search.lr,
+        batch_size=config.search.batch_size,
+        seed=config.seed,
+        device=config.device,
+        progress=config.progress,
+    )
+    seconds["train"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    extra = {
+        "strategy": result.strategy,
+        "candidate_epochs": int(result.candidate_epochs),
+        "search_rejected": int(result.rejected),
+        "search_cache_hits": int(result.cache_hits),
+        "search_seconds": round(seconds["search"], 3),
+    }
+    bundle_model(trained, profile, out, seed=config.seed, extra_metrics=extra)
+    seconds["export"] = time.perf_counter() - t0
+
+    metrics = dict(trained.metrics) | extra
+    report |= {"bundle": out.name, "arch": trained.arch, "metrics": metrics, "search": result.to_dict()}
+    return ClientResult(
+        bundle_path=out,
+        report_path=out.with_name(out.name + ".report.json"),
+        arch=trained.arch,
+        search=result,
+        metrics=metrics,
+        seconds=seconds,
+        role="classifier",
+    )

@@ -1,0 +1,299 @@
+"""PSO-FedNAS and the ablation strategies on 8x8 digits: validity, budget, cache, determinism."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+
+import edge_sdk.search as search_module
+from edge_sdk.arch import MAX_DEPTH, MIN_DEPTH, ChainSpec, Conv, Dense, Pool, parse_arch
+from edge_sdk.data import ArrayDataset
+from edge_sdk.search import (
+    CHANNELS,
+    HIDDEN_UNITS,
+    KERNELS,
+    SearchConfig,
+    align,
+    sample_spec,
+    search,
+)
+from profiles import DeviceProfile
+from profiles.errors import BudgetError, ConfigError
+
+SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32), (1, 2, 2), (1, 1, 1)]
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[ArrayDataset, ArrayDataset]:
+    d = load_digits()
+    x = torch.from_numpy(np.round(d.images * 255 / 16).astype(np.uint8))[:, None]
+    data = ArrayDataset(x, torch.from_numpy(d.target.astype(np.int64)), 10)
+    return data.subset(np.arange(0, 500)), data.subset(np.arange(500, 700))
+
+
+def _profile(**overrides: object) -> DeviceProfile:
+    values: dict[str, object] = {
+        "name": "test",
+        "memory_mb": 4096.0,
+        "gflops": 10.0,
+        "max_flops": 10**9,
+        "max_params": 10**8,
+    }
+    return DeviceProfile(**(values | overrides))  # type: ignore[arg-type]
+
+
+def _fast(**overrides: object) -> SearchConfig:
+    return SearchConfig.preset("fast", **({"particles": 3, "iterations": 2, "max_depth": 5} | overrides))
+
+
+@pytest.fixture
+def trained_specs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Record (spec, training samples) of every candidate the search actually trains."""
+    seen: list[tuple[str, int]] = []
+    real_train = search_module.train
+
+    def spy(model, data, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append((str(model.spec), len(data)))
+        return real_train(model, data, **kwargs)
+
+    monkeypatch.setattr(search_module, "train", spy)
+    return seen
+
+
+# ---------------------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("max_depth", [MIN_DEPTH, 10, MAX_DEPTH])
+def test_sampled_specs_are_valid(shape: tuple[int, int, int], max_depth: int) -> None:
+    rng = np.random.default_rng(0)
+    depths = set()
+    for _ in range(300):
+        spec = sample_spec(rng, shape, 7, max_depth=max_depth).validate(shape)
+        depths.add(len(spec.layers))
+        assert len(spec.layers) <= max_depth
+        assert spec.num_classes == 7
+        for layer in spec.layers:
+            if isinstance(layer, Conv):
+                assert layer.out_channels in CHANNELS and layer.kernel_size in KERNELS
+            elif isinstance(layer, Dense) and layer is not spec.layers[-1]:
+                assert layer.units in HIDDEN_UNITS
+    assert depths == set(range(MIN_DEPTH, max_depth + 1))
+
+
+def test_sampler_pools_three_times_in_ten() -> None:
+    """Where pooling is always possible (a huge input, short chains), 30% of the body modules are P."""
+    rng = np.random.default_rng(1)
+    body = [
+        layer
+        for _ in range(3000)
+        for layer in sample_spec(rng, (1, 1024, 1024), 10, max_depth=8).layers[1:]
+        if not isinstance(layer, Dense)
+    ]
+    share = sum(isinstance(layer, Pool) for layer in body) / len(body)
+    assert 0.28 < share < 0.32
+
+
+def test_sampler_turns_impossible_pools_into_convs() -> None:
+    rng = np.random.default_rng(2)
+    specs = [sample_spec(rng, (1, 1, 1), 3, max_depth=12) for _ in range(200)]
+    assert not any(isinstance(layer, Pool) for spec in specs for layer in spec.layers)
+
+
+# ------------------------------------------------------------------------------ the alignment operator T
+
+
+def _garbage(rng: np.random.Generator) -> ChainSpec:
+    """Any sequence of modules, rules ignored (out-of-range values included)."""
+    layers = []
+    for _ in range(int(rng.integers(0, 30))):
+        kind = rng.integers(3)
+        if kind == 0:
+            layers.append(Conv(int(rng.integers(1, 300)), int(rng.integers(1, 12))))
+        elif kind == 1:
+            layers.append(Pool("max" if rng.random() < 0.5 else "avg"))
+        else:
+            layers.append(Dense(int(rng.integers(1, 600))))
+    return ChainSpec(tuple(layers))
+
+
+def _crossover(a: ChainSpec, b: ChainSpec, rng: np.random.Generator) -> ChainSpec:
+    """A PSO target: each position from a or b at random, the longer one's tail."""
+    out = []
+    for j in range(max(len(a.layers), len(b.layers))):
+        pick = a if j >= len(b.layers) or (j < len(a.layers) and rng.random() < 0.5) else b
+        out.append(pick.layers[j])
+    return ChainSpec(tuple(out))
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (1, 28, 28), (1, 2, 2)])
+def test_align_properties(shape: tuple[int, int, int]) -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        x = sample_spec(rng, shape, 10)
+        y = sample_spec(rng, shape, 10)
+        assert align(x, x, rng, shape) == x
+        assert align(x, y, rng, shape) == y  # a valid target is copied
+        for target in (_crossover(x, y, rng), _garbage(rng)):
+            out = align(x, target, rng, shape)
+            assert out.problems(shape) == [], (str(x), str(target), str(out))
+            assert out.num_classes == 10
+
+
+def test_align_repairs() -> None:
+    rng = np.random.default_rng(0)
+    current = ChainSpec.parse("C16k3-P-F10")
+    shape = (1, 8, 8)
+    # an F taken from one parent before a C/P of the other: the F block moves to the end
+    assert str(align(current, ChainSpec.parse("C8k3-F32-P-C16k3-F10"), rng, shape)) == "C8k3-P-C16k3-F32-F10"
+    # 8 -> 4 -> 2 -> 1: the fourth pool becomes a copy of the last conv
+    assert str(align(current, ChainSpec.parse("C8k3-P-P-P-P-F10"), rng, shape)) == "C8k3-P-P-P-C8k3-F10"
+    # a leading pool becomes the current first conv; the head takes the current class count
+    assert str(align(current, ChainSpec.parse("P-C8k3-F300-F4"), rng, shape)) == "C16k3-C8k3-F300-F10"
+    # out-of-range parameters are clamped; too short chains repeat the last conv
+    assert str(align(current, ChainSpec.parse("C500k8-F999-F3"), rng, shape)) == "C128k7-F300-F10"
+    assert str(align(current, ChainSpec.parse("C8k3-F10"), rng, shape)) == "C8k3-C8k3-F10"
+    too_long = ChainSpec.parse("-".join(["C8k3"] * 25 + ["F10"]))
+    assert len(align(current, too_long, rng, shape).layers) == MAX_DEPTH
+
+
+# ------------------------------------------------------------------------------------------- search
+
+
+def test_pso_is_deterministic_and_valid(digits, trained_specs) -> None:  # type: ignore[no-untyped-def]
+    train, val = digits
+    config = _fast(max_train_samples=200)
+    runs = [search(train, val, profile=_profile(), config=config, seed=s) for s in (0, 0, 1)]
+    a, b, c = runs
+    trace = [(e.spec, e.fitness, e.cached, e.rejected) for e in a.evaluations]
+    assert trace == [(e.spec, e.fitness, e.cached, e.rejected) for e in b.evaluations]
+    assert (a.best_spec, a.best_fitness) == (b.best_spec, b.best_fitness)
+    assert [e.spec for e in c.evaluations] != [e.spec for e in a.evaluations]
+    assert len(a.evaluations) == 3 * (1 + 2)
+    for e in a.evaluations:
+        assert parse_arch(e.spec).problems((1, 8, 8)) == []
+    assert a.best_fitness == min(e.fitness for e in a.evaluations)
+    assert math.isfinite(a.best_fitness)
+    assert {n for _, n in trained_specs} == {200}  # the subsample knob
+    first_seen = {}
+    for e in a.evaluations:  # every repeat of a spec is a cache hit that trains nothing
+        assert e.cached == (e.spec in first_seen)
+        if e.cached:
+            assert e.epochs == 0 and e.fitness == first_seen[e.spec].fitness
+        first_seen.setdefault(e.spec, e)
+    assert a.cache_hits == sum(e.cached for e in a.evaluations)
+    assert a.candidate_epochs == sum(e.epochs for e in a.evaluations)
+    assert a.candidate_epochs == sum(not e.cached and e.rejected is None for e in a.evaluations)
+    assert len(trained_specs) == a.candidate_epochs + b.candidate_epochs + c.candidate_epochs
+
+
+def test_single_particle_hits_the_cache(digits) -> None:  # type: ignore[no-untyped-def]
+    """With one particle, pBest = gBest = X, so every move is T(X, X) = X: answered from the cache."""
+    train, val = digits
+    result = search(train, val, profile=_profile(), config=_fast(particles=1, iterations=3), seed=0)
+    assert [e.cached for e in result.evaluations] == [False, True, True, True]
+    assert result.cache_hits == 3
+    assert result.candidate_epochs == 1
+    assert len({e.spec for e in result.evaluations}) == 1
+
+
+def test_over_budget_candidates_are_never_trained(digits, trained_specs) -> None:  # type: ignore[no-untyped-def]
+    train, val = digits
+    result = search(
+        train, val, profile=_profile(max_params=20_000), config=_fast(max_train_samples=100), seed=0
+    )
+    rejected = {e.spec for e in result.evaluations if e.rejected is not None}
+    assert rejected, "expected the small budget to reject some sampled candidates"
+    assert result.rejected == len(rejected)
+    assert not rejected & {spec for spec, _ in trained_specs}
+    for e in result.evaluations:
+        if e.rejected is not None:
+            assert e.fitness == math.inf and e.epochs == 0
+            assert "max_params" in e.rejected and e.params > 20_000
+        else:
+            assert e.params <= 20_000 and e.train_memory_bytes > 0
+    assert parse_arch(result.best_spec).cost((1, 8, 8))[1] <= 20_000
+    payload = json.loads(json.dumps(result.to_dict(), allow_nan=False))
+    assert any(e["fitness"] is None for e in payload["evaluations"])  # inf is written as null
+
+
+def test_budget_that_admits_nothing(digits, trained_specs) -> None:  # type: ignore[no-untyped-def]
+    train, val = digits
+    with pytest.raises(BudgetError, match=r"admits no architecture.*tightest budget: max_params"):
+        search(train, val, profile=_profile(max_params=50), config=_fast(), seed=0)
+    assert trained_specs == []
+
+
+def test_repeats_keep_the_best(digits) -> None:  # type: ignore[no-untyped-def]
+    train, val = digits
+    config = _fast(particles=2, iterations=1, repeats=2, max_train_samples=100)
+    result = search(train, val, profile=_profile(), config=config, seed=4)
+    assert len(result.repeats_best) == 2
+    assert (result.best_spec, result.best_fitness) == min(result.repeats_best, key=lambda item: item[1])
+
+
+def test_fixed_strategy(digits) -> None:  # type: ignore[no-untyped-def]
+    train, val = digits
+    config = _fast(strategy="fixed", fixed_arch="C8k3-P-F3")  # the head is resized to the 10 classes
+    result = search(train, val, profile=_profile(), config=config, seed=0)
+    assert result.best_spec == "C8k3-P-F10"
+    assert len(result.evaluations) == 1 and result.candidate_epochs == 1
+    assert math.isfinite(result.best_fitness)
+    with pytest.raises(BudgetError, match=r"fixed architecture C8k3-P-F10 does not fit.*max_params"):
+        search(train, val, profile=_profile(max_params=1000), config=config, seed=0)
+
+
+def test_random_pool_strategy(digits) -> None:  # type: ignore[no-untyped-def]
+    train, val = digits
+    config = _fast(strategy="random-pool", max_train_samples=100)
+    # 200k parameters admit CNN1 (54.8k on 8x8) and CNN2 (133k) but no zoo model (>= 0.7M)
+    picks = {
+        search(train, val, profile=_profile(max_params=200_000), config=config, seed=s).best_spec
+        for s in range(8)
+    }
+    assert picks == {"C32k5-P-C64k5-P-F10", "C32k3-C32k3-P-C64k3-C64k3-P-F256-F10"}
+    with pytest.raises(BudgetError, match="no model of the random pool fits"):
+        search(train, val, profile=_profile(max_params=1000), config=config, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"strategy": "grid"}, "strategy"),
+        ({"particles": 0}, "particles"),
+        ({"cg": 1.5}, "cg"),
+        ({"max_depth": 21}, "max_depth"),
+        ({"max_train_samples": 0}, "max_train_samples"),
+        ({"fixed_arch": "C8k3-Q-F10"}, "fixed_arch"),
+        ({"swarm": 3}, "unknown search options"),
+    ],
+)
+def test_config_validation(overrides: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        SearchConfig.preset("fast", **overrides)
+
+
+def test_presets() -> None:
+    assert SearchConfig.preset("fast") == SearchConfig()
+    paper = SearchConfig.preset("paper")
+    assert (paper.particles, paper.iterations, paper.epochs, paper.repeats, paper.final_epochs) == (
+        20,
+        10,
+        10,
+        10,
+        50,
+    )
+    assert (paper.lr, paper.batch_size, paper.max_depth, paper.max_train_samples) == (
+        1e-3,
+        64,
+        MAX_DEPTH,
+        None,
+    )
+    assert SearchConfig.preset("paper", repeats=2).repeats == 2
+    with pytest.raises(ConfigError, match="unknown search preset"):
+        SearchConfig.preset("slow")

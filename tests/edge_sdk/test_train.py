@@ -1,0 +1,121 @@
+"""Local training: determinism, learning an easy problem, evaluate against a manual computation."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from edge_sdk.arch import ChainSpec, build_model
+from edge_sdk.data import ArrayDataset
+from edge_sdk.train import TrainConfig, evaluate, to_float, train
+from profiles.errors import ConfigError, DataError
+
+
+def _stripes(n: int, seed: int) -> ArrayDataset:
+    """Two classes of 1x8x8 noise images: class 0 is brighter on the left half, class 1 on the right."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    x = rng.integers(0, 120, (n, 1, 8, 8))
+    left = y == 0
+    x[left, :, :, :4] += 120
+    x[~left, :, :, 4:] += 120
+    return ArrayDataset(torch.from_numpy(x.astype(np.uint8)), torch.from_numpy(y.astype(np.int64)), 2)
+
+
+def _model(spec: str, shape: tuple[int, int, int], classes: int, seed: int = 0) -> nn.Module:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return build_model(ChainSpec.parse(spec), shape, classes)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("epochs", -1),
+        ("epochs", 1.5),
+        ("lr", 0.0),
+        ("lr", float("nan")),
+        ("batch_size", 0),
+        ("weight_decay", -1),
+    ],
+)
+def test_config_validation(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=field):
+        TrainConfig(**{field: value})
+
+
+def test_to_float() -> None:
+    x = torch.tensor([0, 51, 255], dtype=torch.uint8)
+    out = to_float(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, torch.tensor([0.0, 0.2, 1.0]))
+    with pytest.raises(DataError, match="uint8"):
+        to_float(x.float())
+
+
+def test_same_seed_same_weights_and_caller_rng_untouched() -> None:
+    data = _stripes(200, 0)
+    base = _model("C8k3-P-F32-F2", (1, 8, 8), 2)  # hidden F: Dropout draws random numbers
+    config = TrainConfig(epochs=2, batch_size=32)
+    runs = []
+    for seed in (5, 5, 6):
+        model = copy.deepcopy(base)
+        state = torch.get_rng_state()
+        losses = train(model, data, config=config, seed=seed)
+        assert torch.equal(torch.get_rng_state(), state)
+        runs.append((losses, model.state_dict()))
+    (loss_a, a), (loss_b, b), (loss_c, c) = runs
+    assert loss_a == loss_b
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert loss_a != loss_c
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_learns_a_separable_problem() -> None:
+    model = _model("C8k3-P-F2", (1, 8, 8), 2)
+    losses = train(model, _stripes(512, 1), config=TrainConfig(epochs=4, batch_size=32), seed=0)
+    assert len(losses) == 4
+    assert losses[-1] < losses[0]
+    loss, accuracy = evaluate(model, _stripes(256, 2))
+    assert accuracy > 0.95
+    assert loss < 0.3
+
+
+def test_evaluate_matches_manual_computation() -> None:
+    data = _stripes(100, 3)
+    model = _model("C4k3-P-F16-F2", (1, 8, 8), 2)
+    model.train()  # evaluate must switch to eval mode (Dropout off, BatchNorm running statistics)
+    loss, accuracy = evaluate(model, data, batch_size=7)  # 15 batches, the last one of 2
+    model.eval()
+    with torch.no_grad():
+        logits = model(data.x.float() / 255)
+    want_loss = nn.functional.cross_entropy(logits, data.y).item()
+    want_accuracy = (logits.argmax(1) == data.y).float().mean().item()
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+    assert accuracy == pytest.approx(want_accuracy)
+    assert not model.training
+
+
+def test_lone_last_image_joins_the_previous_batch() -> None:
+    """65 images at batch 64 would leave one image, and BatchNorm cannot normalise a single 1x1 map."""
+    rng = np.random.default_rng(0)
+    data = ArrayDataset(
+        torch.from_numpy(rng.integers(0, 256, (65, 1, 1, 1), dtype=np.uint8)),
+        torch.from_numpy(rng.integers(0, 2, 65)),
+        2,
+    )
+    losses = train(_model("C4k1-C4k1-F2", (1, 1, 1), 2), data, config=TrainConfig(epochs=1), seed=0)
+    assert len(losses) == 1 and np.isfinite(losses[0])
+
+
+def test_empty_split_is_rejected() -> None:
+    empty = _stripes(10, 0).subset(np.array([], dtype=np.int64))
+    model = _model("C4k3-P-F2", (1, 8, 8), 2)
+    with pytest.raises(DataError, match="empty"):
+        train(model, empty, config=TrainConfig(epochs=1), seed=0)
+    with pytest.raises(DataError, match="empty"):
+        evaluate(model, empty)
