@@ -1,0 +1,68 @@
+"""A whole simulated federation on scikit-learn digits through `server-kit simulate` (about half a minute)."""
+
+import json
+
+import pytest
+
+from export.bundle import read_bundle
+from profiles.errors import ConfigError
+from server_kit.cli import main
+from server_kit.simulate import assign_profiles
+
+TINY = [
+    "simulate", "--dataset", "digits", "--num-clients", "3", "--alpha", "1.0", "--seed", "0", "--quiet",
+    "--profiles", "laptop-cpu,raspberry-pi-4-4gb,android-lowend",
+    "--particles", "2", "--iterations", "1", "--final-epochs", "10",
+    "--samples-per-teacher", "200", "--steps", "40", "--distill-epochs", "20", "--server-device", "cpu",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sim")
+    assert main([*TINY, "--out", str(out)]) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_results_have_every_field(federation):
+    out, results = federation
+    assert set(results) >= {"config", "seed", "clients", "global_accuracy", "mean_client_test_accuracy",
+                            "synthetic_size", "seconds"}
+    assert results["seed"] == 0 and results["config"]["num_clients"] == 3
+    assert [c["profile"] for c in results["clients"]] == ["laptop-cpu", "raspberry-pi-4-4gb", "android-lowend"]
+    for client in results["clients"]:
+        assert {"arch", "val_accuracy", "test_accuracy", "flops", "params", "candidate_epochs", "seconds"} <= set(client)
+        assert client["candidate_epochs"] > 0
+        bundle = read_bundle(out / "clients" / f"client_{client['client']:02d}.bundle")
+        assert bundle.arch == client["arch"]
+        # every client model respects its device budget
+        assert client["flops"] <= bundle.profile["max_flops"] and client["params"] <= bundle.profile["max_params"]
+    assert {"partition", "clients", "server_inversion", "server_distill", "total"} <= set(results["seconds"])
+    assert results["synthetic_size"] == 3 * 200
+    assert (out / "server" / "global.onnx").is_file() and (out / "server" / "pseudo_images.png").is_file()
+
+
+def test_global_accuracy_is_well_above_chance(federation):
+    _, results = federation
+    assert results["global_accuracy"] > 0.5  # chance is 0.1 on ten digit classes
+
+
+def test_rerun_resumes_finished_clients(federation):
+    out, results = federation
+    before = {p.name: p.read_bytes() for p in (out / "clients").glob("*.bundle")}
+    assert main([*TINY, "--out", str(out)]) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["resumed_clients"] == 3
+    assert {p.name: p.read_bytes() for p in (out / "clients").glob("*.bundle")} == before
+    assert again["global_accuracy"] == pytest.approx(results["global_accuracy"])
+
+
+def test_profile_assignment(tmp_path):
+    assert assign_profiles(3, ("laptop-cpu", "jetson-nano-4gb"), None) == ["laptop-cpu", "jetson-nano-4gb",
+                                                                            "laptop-cpu"]
+    mapping = tmp_path / "map.toml"
+    mapping.write_text('default = "laptop-cpu"\n[clients]\n1 = "raspberry-pi-4-4gb"\n')
+    assert assign_profiles(3, (), mapping) == ["laptop-cpu", "raspberry-pi-4-4gb", "laptop-cpu"]
+    mapping.write_text('[clients]\n7 = "laptop-cpu"\n')
+    with pytest.raises(ConfigError, match="index"):
+        assign_profiles(3, ("laptop-cpu",), mapping)
