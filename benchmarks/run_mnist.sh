@@ -3,10 +3,12 @@
 #
 #   benchmarks/run_mnist.sh ROW [extra simulate options]
 #
-# ROW is one of: pso-a0.1 pso-a0.3 pso-a0.5 fixed-a0.5 randompool-a0.5 nozskd-a0.5 (or any name with
-# your own options). The run directory is runs/bench/ROW (rerun to resume); the raw outputs worth keeping
-# (results.json, the server report, the /usr/bin/time log, the pseudo-image grid) are copied to
-# benchmarks/results/ROW/. Environment: DATA_ROOT (default ../shared/datasets), JOBS (default 2).
+# ROW is one of: pso-a0.1 pso-a0.3 pso-a0.5 fixed-a0.5 randompool-a0.5, the server-only rows that reuse
+# another row's clients (nozskd-a0.5, generator-a0.5, pooled-a0.5, labelweighted-a0.5, generator-a0.1,
+# pooled-a0.1), or any name with your own options (REUSE=ROW to reuse that row's clients).
+# The run directory is runs/bench/ROW (rerun to resume); the raw outputs worth keeping (results.json,
+# the server report, the /usr/bin/time log, the pseudo-image grid) are copied to benchmarks/results/ROW/.
+# Environment: DATA_ROOT (default ../shared/datasets), JOBS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 row=${1:?usage: benchmarks/run_mnist.sh ROW [simulate options]}
@@ -22,15 +24,20 @@ case "$row" in
   pso-a0.5) opts=(--alpha 0.5) ;;
   fixed-a0.5) opts=(--alpha 0.5 --strategy fixed --fixed-arch C32k5-P-C64k5-P-F10) ;;
   randompool-a0.5) opts=(--alpha 0.5 --strategy random-pool) ;;
-  nozskd-a0.5)
-    # Table 5 ablation: same clients as pso-a0.5 (copied, so only the server differs), hard labels.
-    opts=(--alpha 0.5 --hard-labels)
-    if [ -d runs/bench/pso-a0.5/clients ] && [ ! -d "runs/bench/$row/clients" ]; then
-      mkdir -p "runs/bench/$row"
-      cp -r runs/bench/pso-a0.5/clients runs/bench/pso-a0.5/data "runs/bench/$row/"
-    fi ;;
+  # Server-only rows reuse the clients of pso-a0.5 (copied, so only the server differs):
+  nozskd-a0.5) opts=(--alpha 0.5 --hard-labels); reuse=pso-a0.5 ;;          # Table 5: w/o ZSKD
+  generator-a0.5) opts=(--alpha 0.5 --synth generator); reuse=pso-a0.5 ;;
+  pooled-a0.5) opts=(--alpha 0.5 --synth inversion,generator); reuse=pso-a0.5 ;;
+  labelweighted-a0.5) opts=(--alpha 0.5 --consensus label-weighted); reuse=pso-a0.5 ;;
+  generator-a0.1) opts=(--alpha 0.1 --synth generator); reuse=pso-a0.1 ;;
+  pooled-a0.1) opts=(--alpha 0.1 --synth inversion,generator); reuse=pso-a0.1 ;;
   *) opts=() ;;
 esac
+reuse=${REUSE:-${reuse:-}}
+if [ -n "$reuse" ] && [ ! -d "runs/bench/$row/clients" ]; then
+  mkdir -p "runs/bench/$row"
+  cp -r "runs/bench/$reuse/clients" "runs/bench/$reuse/data" "runs/bench/$row/"
+fi
 
 run_dir="runs/bench/$row"
 keep="benchmarks/results/$row"

@@ -1,0 +1,65 @@
+"""Turn the raw benchmark outputs under benchmarks/results/ROW/ into the markdown rows of RESULTS.md.
+
+    .venv/bin/python benchmarks/summarize.py [ROW ...]
+
+Every number printed is read from a file a run wrote (results.json, the /usr/bin/time -v log); nothing
+is typed in by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def time_log(path: Path) -> dict[str, float]:
+    """Wall seconds and peak RSS (MB) from a `/usr/bin/time -v` log."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    out: dict[str, float] = {}
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
+    if wall:
+        parts = [float(p) for p in wall.group(1).split(":")]
+        out["wall_s"] = sum(v * 60**i for i, v in enumerate(reversed(parts)))
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    if rss:
+        out["peak_rss_mb"] = int(rss.group(1)) / 1024
+    return out
+
+
+def row(name: str) -> str:
+    folder = RESULTS / name
+    results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    timing = time_log(folder / "time.txt")
+    sec = results["seconds"]
+    cfg = results["config"]
+    clients = results["clients"]
+    cand = sum(c["candidate_epochs"] for c in clients)
+    server = sum(v for k, v in sec.items() if k.startswith("server_") and k != "server_total")
+    return (
+        f"| {name} | {cfg['alpha']} | {cfg['search']['strategy']} | {100 * results['global_accuracy']:.2f} | "
+        f"{100 * results['mean_client_test_accuracy']:.2f} | {cand} | {sec['clients'] / 60:.1f} | "
+        f"{sec.get('server_inversion', 0) / 60:.1f} | {sec.get('server_distill', 0) / 60:.1f} | {server / 60:.1f} | "
+        f"{timing.get('wall_s', float('nan')) / 60:.1f} | {timing.get('peak_rss_mb', float('nan')):.0f} |"
+    )
+
+
+HEADER = (
+    "| row | alpha | strategy | global top-1 % | mean client top-1 % | candidate-epochs (all clients) | "
+    "clients min | inversion min | distill min | server min | wall min | peak RSS MB |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def main(argv: list[str]) -> None:
+    names = argv or sorted(p.name for p in RESULTS.iterdir() if (p / "results.json").is_file())
+    print(HEADER)
+    for name in names:
+        print(row(name))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

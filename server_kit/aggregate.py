@@ -1,0 +1,361 @@
+"""The server pipeline: bundles -> teachers -> pseudo-images -> consensus labels -> student -> global.onnx.
+
+One call runs pFedZKD's server side (Algorithms 3 and 4) and leaves everything needed to audit it in
+``out_dir``: ``global.onnx`` (validated, parity-checked), ``report.json`` (config, per-phase seconds,
+teachers, skipped bundles, loss curve, accuracy), ``pseudo_images.png`` and ``synthetic/`` (the inversion
+chunks, so a killed run resumes where it stopped). ``server-kit aggregate`` is a thin CLI over it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from edge_sdk.arch import ChainSpec, build_model, parse_arch
+from edge_sdk.data import ArrayDataset
+from edge_sdk.train import seeded
+from export.atomic import atomic_write_bytes, atomic_write_json
+from export.onnx_export import export_onnx
+from profiles.errors import ConfigError, DataError, SpecError
+from server_kit.distill import DistillConfig, consensus, distill, label_count_weights
+from server_kit.generator import GeneratorConfig, synthesize_generator
+from server_kit.grid import write_grid
+from server_kit.inversion import InversionConfig, SyntheticSet, synthesize_inversion
+from server_kit.teachers import load_teachers
+
+__all__ = ["DEFAULT_STUDENT", "AggregateConfig", "AggregateResult", "aggregate"]
+
+# A small CNN (0.42 M parameters, 8.5 MFLOPs at 28x28): big enough to absorb ten MNIST teachers,
+# small enough to distill in about a minute on two CPU cores. The head is resized to the task's classes.
+DEFAULT_STUDENT = "C32k3-P-C64k3-P-F128-F10"
+
+_DISTILL_PRESETS: dict[str, dict[str, Any]] = {
+    "fast": dict(epochs=20, batch_size=64, lr=1e-3, tau=4.0),
+    # The paper fixes tau = 4 and (client side) Adam 1e-3, batch 64; E_distill is not given: 50 epochs.
+    "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0),
+}
+_CONSENSUS = ("mean", "label-weighted")
+SYNTH_SOURCES = ("inversion", "generator")
+
+
+def _fast_inversion() -> InversionConfig:
+    return InversionConfig.preset("fast")
+
+
+def _fast_distill() -> DistillConfig:
+    return DistillConfig(**_DISTILL_PRESETS["fast"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class AggregateConfig:
+    """Everything the server run needs besides the bundles.
+
+    ``hard_labels`` is the paper's "w/o ZSKD" ablation: the student learns the generating teacher's
+    target class with cross entropy, no multi-teacher fusion (``distill.hard_labels`` does the same).
+    ``consensus="label-weighted"`` weights each teacher's vote for class c by its share of the
+    federation's examples of c (from the bundles' label counts). ``device="auto"`` picks CUDA when present.
+    """
+
+    student: str = DEFAULT_STUDENT
+    device: str = "auto"
+    seed: int = 0
+    inversion: InversionConfig = field(default_factory=_fast_inversion)
+    distill: DistillConfig = field(default_factory=_fast_distill)
+    synth: tuple[str, ...] = ("inversion",)  # pooled synthesis sources, any of SYNTH_SOURCES
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig.preset)
+    consensus: str = "mean"
+    hard_labels: bool = False
+    on_error: str = "stop"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            parse_arch(self.student)
+        except (SpecError, AttributeError) as err:
+            raise ConfigError(f"student must be an architecture spec, got {self.student!r}: {err}") from err
+        if not isinstance(self.device, str) or not (
+            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
+        ):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if isinstance(self.synth, str):
+            object.__setattr__(self, "synth", tuple(x.strip() for x in self.synth.split(",") if x.strip()))
+        bad = sorted(set(self.synth) - set(SYNTH_SOURCES))
+        if not self.synth or bad or len(set(self.synth)) != len(self.synth):
+            raise ConfigError(
+                f"synth must be a non-empty, duplicate-free subset of {SYNTH_SOURCES}, got {self.synth!r}"
+            )
+        if not isinstance(self.inversion, InversionConfig):
+            raise ConfigError(f"inversion must be an InversionConfig, got {type(self.inversion).__name__}")
+        if not isinstance(self.distill, DistillConfig):
+            raise ConfigError(f"distill must be a DistillConfig, got {type(self.distill).__name__}")
+        if self.consensus not in _CONSENSUS:
+            raise ConfigError(f"consensus must be one of {list(_CONSENSUS)}, got {self.consensus!r}")
+        if not isinstance(self.hard_labels, bool):
+            raise ConfigError(f"hard_labels must be a bool, got {self.hard_labels!r}")
+        if self.on_error not in ("stop", "skip"):
+            raise ConfigError(f"on_error must be 'stop' or 'skip', got {self.on_error!r}")
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
+            raise ConfigError(f"threads must be None or an integer >= 1, got {self.threads!r}")
+
+    @classmethod
+    def preset(cls, name: str = "fast", **overrides: Any) -> AggregateConfig:
+        """``fast`` (CPU minutes, the default) or ``paper`` (N_syn 4000, ZSKD inversion settings)."""
+        if name not in _DISTILL_PRESETS:
+            raise ConfigError(f"unknown aggregate preset {name!r}; expected {sorted(_DISTILL_PRESETS)}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(f"unknown AggregateConfig fields {unknown}; valid: {sorted(known)}")
+        base: dict[str, Any] = {
+            "inversion": InversionConfig.preset(name),
+            "distill": DistillConfig(**_DISTILL_PRESETS[name]),
+        }
+        return cls(**{**base, **overrides})
+
+    @property
+    def use_hard_labels(self) -> bool:
+        return self.hard_labels or self.distill.hard_labels
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["inversion"] = self.inversion.to_dict()
+        out["generator"] = self.generator.to_dict()
+        out["synth"] = list(self.synth)
+        return out
+
+
+@dataclass(frozen=True)
+class AggregateResult:
+    """What :func:`aggregate` wrote, its accuracy (when eval data was given) and timings."""
+
+    out_dir: Path
+    global_onnx: Path
+    report_path: Path
+    grid_path: Path
+    accuracy: float | None
+    synthetic_size: int
+    seconds: dict[str, float]
+    report: dict[str, Any]
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} asked for, but CUDA is not available; use device cpu or auto")
+    return device
+
+
+def _student_spec(text: str, num_classes: int) -> str:
+    spec = parse_arch(text)
+    return str(spec.with_num_classes(num_classes)) if isinstance(spec, ChainSpec) else str(spec)
+
+
+def aggregate(
+    bundle_paths: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    config: AggregateConfig,
+    eval_data: ArrayDataset | None = None,
+    progress: bool = False,
+) -> AggregateResult:
+    """Run the server side end to end and write its outputs into ``out_dir`` (see the module docstring).
+
+    Bad bundles stop the run or are skipped with their reason (``config.on_error``); bundles that disagree
+    on num_classes / input_shape with the majority are refused. ``eval_data`` (uint8 images, the global
+    test set) is used only to report the accuracy of the written ``global.onnx``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    previous_threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        return _run(list(bundle_paths), out, config, eval_data, progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(
+    bundle_paths: list[str | Path],
+    out: Path,
+    config: AggregateConfig,
+    eval_data: ArrayDataset | None,
+    progress: bool,
+) -> AggregateResult:
+    device = _device(config.device)
+    seconds: dict[str, float] = {}
+    wall = time.perf_counter()
+
+    t0 = time.perf_counter()
+    teachers, skipped = load_teachers(bundle_paths, on_error=config.on_error, device=device)
+    modules = [t.module for t in teachers]
+    num_classes = teachers[0].bundle.num_classes
+    input_shape = tuple(teachers[0].bundle.input_shape)
+    if eval_data is not None and (
+        eval_data.num_classes != num_classes or eval_data.input_shape != input_shape
+    ):
+        raise DataError(
+            f"eval data is {eval_data.num_classes} classes of {eval_data.input_shape} but the teachers are "
+            f"{num_classes} classes of {input_shape}; pass the test set of the federation's task"
+        )
+    seconds["load"] = time.perf_counter() - t0
+
+    parts: list[SyntheticSet] = []
+    sources: dict[str, int] = {}
+    if "inversion" in config.synth:
+        t0 = time.perf_counter()
+        part = synthesize_inversion(
+            modules,
+            num_classes=num_classes,
+            input_shape=input_shape,  # type: ignore[arg-type]
+            config=config.inversion,
+            seed=config.seed,
+            device=device,
+            work_dir=out / "synthetic",
+            progress=progress,
+        )
+        parts.append(part)
+        sources["inversion"] = len(part)
+        seconds["inversion"] = time.perf_counter() - t0
+    generator_losses: list[dict[str, float]] = []
+    if "generator" in config.synth:
+        t0 = time.perf_counter()
+        part, _, generator_losses = synthesize_generator(
+            modules,
+            [t.bundle.label_counts for t in teachers],
+            input_shape=input_shape,  # type: ignore[arg-type]
+            num_classes=num_classes,
+            config=config.generator,
+            seed=config.seed,
+            device=device,
+            progress=progress,
+            work_dir=out / "generator",
+        )
+        parts.append(part)
+        sources["generator"] = len(part)
+        seconds["generator"] = time.perf_counter() - t0
+    synthetic = SyntheticSet(
+        x=torch.cat([p.x for p in parts]),
+        teacher=torch.cat([p.teacher for p in parts]),
+        target_class=torch.cat([p.target_class for p in parts]),
+    )
+
+    t0 = time.perf_counter()
+    hard = config.use_hard_labels
+    if hard:  # "w/o ZSKD": no fusion, the generating teacher's target class is the label
+        targets = synthetic.target_class
+        probs = F.one_hot(targets, num_classes).float()  # N x L, only for the grid
+    else:
+        weights = None
+        if config.consensus == "label-weighted":
+            weights = label_count_weights([t.bundle.label_counts for t in teachers])
+        probs = consensus(modules, synthetic.x, tau=config.distill.tau, class_weights=weights, device=device)
+        targets = probs
+    agreement = float((probs.argmax(1) == synthetic.target_class).float().mean())
+    seconds["consensus"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    spec = _student_spec(config.student, num_classes)
+    with seeded(config.seed):  # weight init draws from the global RNG: scope and seed it
+        student = build_model(spec, input_shape, num_classes)  # type: ignore[arg-type]
+    losses = distill(
+        student,
+        synthetic.x,
+        targets,
+        config=replace(config.distill, hard_labels=hard),
+        seed=config.seed,
+        device=device,
+        progress=progress,
+    )
+    seconds["distill"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    student = student.cpu().eval()
+    metadata = {
+        "arch": spec,
+        "role": "global-student",
+        "producer": "server-kit",
+        "num_classes": str(num_classes),
+        "num_teachers": str(len(teachers)),
+        "seed": str(config.seed),
+    }
+    model_bytes = export_onnx(student, input_shape, metadata=metadata, seed=config.seed)  # type: ignore[arg-type]
+    global_onnx = atomic_write_bytes(out / "global.onnx", model_bytes)
+    grid_path = write_grid(out / "pseudo_images.png", synthetic.x, probs)
+    seconds["export"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    evaluation = None
+    if eval_data is not None:
+        from server_kit.evaluate import evaluate_onnx
+
+        evaluation = evaluate_onnx(model_bytes, eval_data)
+    seconds["evaluate"] = time.perf_counter() - t0
+    seconds["total"] = time.perf_counter() - wall
+
+    report: dict[str, Any] = {
+        "config": config.to_dict(),
+        "seed": config.seed,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "student": {"arch": spec, "num_classes": num_classes, "input_shape": list(input_shape)},
+        "teachers": [
+            {
+                "file": str(t.path) if t.path is not None else None,
+                "arch": t.bundle.arch,
+                "method": t.method,
+                "sha256": t.bundle.sha256,
+                "profile": t.bundle.profile.get("name"),
+                "num_examples": t.bundle.num_examples,
+                "label_counts": list(t.bundle.label_counts),
+                "val_accuracy": _finite_or_none(t.bundle.metrics.get("val_accuracy")),
+            }
+            for t in teachers
+        ],
+        "skipped": [{"file": path, "reason": reason} for path, reason in skipped],
+        "synthetic_size": len(synthetic),
+        "synthetic_sources": sources,
+        "generator_loss": generator_losses[:: max(1, len(generator_losses) // 50)],
+        "labels": "hard (target class, w/o ZSKD)" if hard else f"consensus ({config.consensus})",
+        "consensus_agrees_with_target": agreement,
+        "distill_loss": losses,
+        "seconds": seconds,
+        "outputs": {
+            "global_onnx": global_onnx.name,
+            "pseudo_images": grid_path.name,
+            "synthetic": "synthetic/",
+        },
+        "accuracy": None if evaluation is None else evaluation["accuracy"],
+        "per_class_accuracy": None if evaluation is None else evaluation["per_class_accuracy"],
+        "num_eval_examples": None if evaluation is None else evaluation["num_examples"],
+    }
+    report_path = atomic_write_json(out / "report.json", report)
+    return AggregateResult(
+        out_dir=out,
+        global_onnx=global_onnx,
+        report_path=report_path,
+        grid_path=grid_path,
+        accuracy=report["accuracy"],
+        synthetic_size=len(synthetic),
+        seconds=seconds,
+        report=report,
+    )
+
+
+def _finite_or_none(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None

@@ -1,0 +1,183 @@
+"""`server-kit`: thin command-line wrappers over `aggregate`, `evaluate_onnx` and `simulate`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from edge_sdk.cli import add_common, add_search_args, cli_main, overrides, print_json, search_config
+
+__all__ = ["main"]
+
+INVERSION_KNOBS = {
+    "samples_per_teacher": "samples_per_teacher",
+    "steps": "steps",
+    "inversion_lr": "lr",
+    "inversion_batch_size": "batch_size",
+    "inversion_tau": "tau",
+    "bn_weight": "bn_weight",
+    "tv_weight": "tv_weight",
+    "l2_weight": "l2_weight",
+}
+GENERATOR_KNOBS = {
+    "generator_steps": "steps",
+    "generator_samples": "samples",
+    "generator_bn_weight": "bn_weight",
+    "generator_div_weight": "div_weight",
+    "generator_filter": "filter_fraction",
+}
+DISTILL_KNOBS = {
+    "distill_epochs": "epochs",
+    "distill_lr": "lr",
+    "distill_batch_size": "batch_size",
+    "tau": "tau",
+}
+
+
+def add_aggregate_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--server-preset", default="fast", help="aggregation preset: fast (default) or paper")
+    g.add_argument("--student", help="student architecture spec (any edge-sdk spec)")
+    g.add_argument("--synth", help="synthesis sources, pooled: inversion (default), generator, inversion,generator")
+    g.add_argument("--generator-steps", type=int, help="generator training steps")
+    g.add_argument("--generator-samples", type=int, help="samples drawn from the trained generator")
+    g.add_argument("--generator-bn-weight", type=float, help="generator BN-statistics matching weight")
+    g.add_argument("--generator-div-weight", type=float, help="generator diversity loss weight")
+    g.add_argument("--generator-filter", type=float, help="fraction of the noisiest generated samples dropped")
+    g.add_argument("--server-device", dest="server_device", help="auto (default), cpu or cuda")
+    g.add_argument("--consensus", choices=["mean", "label-weighted"], help="how teacher votes are combined")
+    g.add_argument("--hard-labels", action="store_true", default=None,
+                   help="ablation 'w/o ZSKD': train on the generating teacher's hard labels")
+    g.add_argument("--on-error", choices=["stop", "skip"], help="what to do with a bad bundle")
+    g.add_argument("--threads", type=int, help="torch threads on the server")
+    g.add_argument("--samples-per-teacher", type=int, help="pseudo-samples inverted from each teacher (N_syn)")
+    g.add_argument("--steps", type=int, help="optimisation steps per inversion batch (ep)")
+    g.add_argument("--inversion-lr", type=float)
+    g.add_argument("--inversion-batch-size", type=int)
+    g.add_argument("--inversion-tau", type=float, help="temperature of the inversion loss")
+    g.add_argument("--bn-weight", type=float, help="BatchNorm-statistics matching weight (0 = off, paper)")
+    g.add_argument("--tv-weight", type=float, help="total-variation prior weight (0 = off, paper)")
+    g.add_argument("--l2-weight", type=float, help="l2 image prior weight (0 = off, paper)")
+    g.add_argument("--distill-epochs", type=int)
+    g.add_argument("--distill-lr", type=float)
+    g.add_argument("--distill-batch-size", type=int)
+    g.add_argument("--tau", type=float, help="distillation temperature (paper: 4)")
+
+
+def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateConfig
+    from server_kit.aggregate import AggregateConfig
+
+    base = AggregateConfig.preset(args.server_preset)
+    inv = dataclasses.replace(base.inversion, **{f: getattr(args, a) for a, f in INVERSION_KNOBS.items()
+                                                   if getattr(args, a) is not None})
+    dis = dataclasses.replace(base.distill, **{f: getattr(args, a) for a, f in DISTILL_KNOBS.items()
+                                                 if getattr(args, a) is not None})
+    gen = dataclasses.replace(base.generator, **{f: getattr(args, a) for a, f in GENERATOR_KNOBS.items()
+                                                   if getattr(args, a) is not None})
+    top = overrides(args, ["student", "synth", "consensus", "hard_labels", "on_error", "threads"])
+    if args.server_device is not None:
+        top["device"] = args.server_device
+    return dataclasses.replace(base, inversion=inv, generator=gen, distill=dis, seed=seed, **top)
+
+
+def cmd_aggregate(args: argparse.Namespace) -> None:
+    from edge_sdk.data import load_client_data
+    from server_kit.aggregate import aggregate
+
+    config = aggregate_config(args, seed=args.seed)
+    eval_data = load_client_data(args.eval) if args.eval else None
+    result = aggregate(args.bundles, args.out, config=config, eval_data=eval_data, progress=not args.quiet)
+    acc = "" if result.accuracy is None else f"; test accuracy {result.accuracy:.4f}"
+    print(f"wrote {result.global_onnx} ({result.synthetic_size} synthetic samples){acc}")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from edge_sdk.data import load_client_data
+    from server_kit.evaluate import evaluate_onnx
+
+    print_json(evaluate_onnx(args.model, load_client_data(args.data)))
+
+
+def cmd_simulate(args: argparse.Namespace) -> None:
+    from server_kit.simulate import SimulateConfig, simulate
+
+    config = SimulateConfig(
+        dataset=args.dataset,
+        data_root=args.data_root,
+        num_clients=args.num_clients,
+        alpha=args.alpha,
+        seed=args.seed,
+        out_dir=Path(args.out),
+        profiles=tuple(p for p in args.profiles.split(",") if p) if args.profiles else (),
+        profile_map=Path(args.profile_map) if args.profile_map else None,
+        search=search_config(args),
+        aggregate=aggregate_config(args, seed=args.seed),
+        val_fraction=args.val_fraction,
+        min_size=args.min_size,
+        jobs=args.jobs,
+        device=args.device,
+        progress=not args.quiet,
+    )
+    results = simulate(config)
+    print(
+        f"global accuracy {results['global_accuracy']:.4f} (mean client {results['mean_client_test_accuracy']:.4f}) "
+        f"in {results['seconds']['total']:.0f} s; wrote {config.out_dir / 'results.json'}"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from edge_sdk import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="server-kit",
+        description="Server toolkit: turn client bundles into a global model without any real data.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_common(parser, top=True)
+    sub = parser.add_subparsers(title="commands")
+
+    def command(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_common(p)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("aggregate", cmd_aggregate, "invert the teachers, distill a global student, write global.onnx")
+    p.add_argument("bundles", nargs="+", help="client bundle files")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval", help="test .npz to report accuracy on")
+    p.add_argument("--quiet", action="store_true")
+    add_aggregate_args(p)
+
+    p = command("evaluate", cmd_evaluate, "accuracy of an ONNX classifier on a .npz (JSON)")
+    p.add_argument("model", help="ONNX model")
+    p.add_argument("--data", required=True, help=".npz with x (uint8 NCHW) and y")
+
+    p = command("simulate", cmd_simulate, "a whole simulated federation: partition, clients, server, evaluation")
+    p.add_argument("--dataset", required=True, help="mnist, fashionmnist, cifar10, svhn or digits")
+    p.add_argument("--data-root", help="torchvision-layout dataset root (not needed for digits)")
+    p.add_argument("--num-clients", type=int, default=10)
+    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-size", type=int, default=10)
+    p.add_argument("--out", required=True, help="output directory (rerun to resume)")
+    p.add_argument("--profiles", default="laptop-cpu", help="comma-separated profiles, assigned round-robin")
+    p.add_argument("--profile-map", help="TOML: default = 'name' and [clients] index = 'name'")
+    p.add_argument("--jobs", type=int, default=1, help="clients trained in parallel processes")
+    p.add_argument("--val-fraction", type=float, default=0.2)
+    p.add_argument("--device", default="cpu", help="client training device")
+    p.add_argument("--quiet", action="store_true")
+    add_search_args(p)
+    add_aggregate_args(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli_main("server-kit", build_parser(), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,511 @@
+"""Model-specific pseudo-image inversion (pFedZKD Algorithm 3, after ZSKD by Nayak et al. 2019).
+
+For every teacher the server reads the class-similarity matrix C off the classifier head, samples soft
+targets y ~ Dir(beta * C_c) for every class c and every beta, and optimises noise images until the
+teacher's temperature-softened prediction matches y. Small beta gives near one-hot targets (clean class
+prototypes); beta = 1 spreads mass over similar classes (decision-boundary samples).
+
+Choices this module makes (the paper leaves them open):
+
+* Images live in an unconstrained parameter space, x = sigmoid(p) with p ~ N(0, 1) at start (the paper
+  initialises from a standard normal): every step yields valid [0, 1] pixels without clipping, and
+  gradients never vanish at a clip boundary.
+* Cosine similarities can be negative, Dirichlet concentrations must be positive: each row is min-max
+  scaled to [0, 1] (as ZSKD does) and clamped at ``CONCENTRATION_EPS``.
+* A teacher's samples are interleaved over (class, beta) groups and cut into chunks of ``batch_size``;
+  each chunk is optimised as one batch (classes mixed, which also keeps the batch statistics seen by
+  the optional BN-matching loss close to the teacher's training mixture).
+* Every (teacher, chunk) draws from its own generator derived from ``seed``, so a resumed run produces
+  exactly the tensor an uninterrupted run does. Outputs are rounded to float16 (the storage type of the
+  resume chunks) whether or not a ``work_dir`` is used, so both paths agree bit for bit.
+
+Optional regularisers (all off by default, which is the paper's method): DeepInversion BN-statistics
+matching, total variation and an l2 pixel prior.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from export.atomic import atomic_write_bytes, atomic_write_json
+from profiles.errors import ConfigError, DataError
+
+__all__ = [
+    "CONCENTRATION_EPS",
+    "InversionConfig",
+    "SyntheticSet",
+    "class_similarity",
+    "dirichlet_targets",
+    "invert_teacher",
+    "synthesize_inversion",
+]
+
+CONCENTRATION_EPS = 1e-3
+_WORK_FORMAT = 1
+
+_PRESETS: dict[str, dict[str, object]] = {
+    # CPU minutes for 10 MNIST-sized teachers; see benchmarks/results/server_tuning.md.
+    "fast": dict(samples_per_teacher=600, steps=60, batch_size=200, lr=0.1, tau=4.0),
+    # The paper: N_syn = 4000 per teacher (MNIST), beta {0.1, 1.0}; steps, lr and tau for inversion are
+    # not given there and follow ZSKD (1500 Adam iterations, lr 0.01, temperature 20).
+    "paper": dict(samples_per_teacher=4000, steps=1500, batch_size=100, lr=0.01, tau=20.0),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class InversionConfig:
+    """Options of Algorithm 3. ``samples_per_teacher`` is the paper's N_syn, ``steps`` its ep."""
+
+    samples_per_teacher: int
+    steps: int
+    batch_size: int
+    lr: float
+    tau: float
+    betas: tuple[float, ...] = (0.1, 1.0)
+    bn_weight: float = 0.0  # DeepInversion: match BN-input batch mean/var to the running statistics
+    tv_weight: float = 0.0  # total variation (mean absolute neighbour difference)
+    l2_weight: float = 0.0  # mean squared pixel value: a dark-background prior
+
+    def __post_init__(self) -> None:
+        for name in ("samples_per_teacher", "steps", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("lr", "tau"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number, got {value!r}")
+        if not isinstance(self.betas, tuple) or not self.betas:
+            raise ConfigError(f"betas must be a non-empty tuple of positive numbers, got {self.betas!r}")
+        for beta in self.betas:
+            if not isinstance(beta, int | float) or not math.isfinite(beta) or beta <= 0:
+                raise ConfigError(f"every beta must be a positive number, got {self.betas!r}")
+        for name in ("bn_weight", "tv_weight", "l2_weight"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
+
+    @classmethod
+    def preset(cls, name: str = "fast", **overrides: object) -> InversionConfig:
+        """A named preset (``fast``, ``paper``, ``quality``) with keyword overrides."""
+        if name not in _PRESETS:
+            raise ConfigError(f"unknown inversion preset {name!r}; expected one of {sorted(_PRESETS)}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(f"unknown InversionConfig fields {unknown}; valid: {sorted(known)}")
+        if "betas" in overrides and isinstance(overrides["betas"], list):
+            overrides["betas"] = tuple(overrides["betas"])  # type: ignore[arg-type]
+        return cls(**{**_PRESETS[name], **overrides})  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        out["betas"] = list(self.betas)
+        return out
+
+
+@dataclass(frozen=True)
+class SyntheticSet:
+    """The global pseudo-image set X: images, which teacher made each one, and its target class."""
+
+    x: Tensor  # N x C x H x W float32 in [0, 1]
+    teacher: Tensor  # N int64, index of the generating teacher
+    target_class: Tensor  # N int64, the class c whose similarity row the soft target was drawn from
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+
+def class_similarity(weight: Tensor) -> Tensor:
+    """Cosine similarity between the rows of a classifier weight (L x d -> L x L)."""
+    if weight.ndim != 2 or weight.shape[0] < 2:
+        raise ConfigError(f"classifier weight must be L x d with L >= 2, got shape {tuple(weight.shape)}")
+    unit = F.normalize(weight.detach().double(), dim=1)  # L x d
+    return (unit @ unit.T).clamp(-1.0, 1.0).float()  # L x L
+
+
+def _concentration(similarity_row: Tensor) -> Tensor:
+    """Similarity row (values in [-1, 1]) -> positive Dirichlet concentration in [eps, 1]."""
+    row = similarity_row.detach().double()
+    low, high = row.min(), row.max()
+    scaled = (row - low) / (high - low) if high > low else torch.ones_like(row)
+    return scaled.clamp(min=CONCENTRATION_EPS)
+
+
+def dirichlet_targets(similarity_row: Tensor, beta: float, n: int, generator: torch.Generator) -> Tensor:
+    """``n`` soft targets (n x L, float32) drawn from Dir(beta * concentration(similarity_row)).
+
+    The row is min-max scaled to [0, 1] and clamped at ``CONCENTRATION_EPS`` (Dirichlet parameters must
+    be > 0). torch's Dirichlet sampler cannot take a generator, so one integer is drawn from
+    ``generator`` to seed numpy's sampler, which also copes with the tiny concentrations of beta = 0.1.
+    """
+    if beta <= 0:
+        raise ConfigError(f"beta must be > 0, got {beta}")
+    alpha = (beta * _concentration(similarity_row)).numpy()  # L
+    rng_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    samples = np.random.default_rng(rng_seed).dirichlet(alpha, size=n)  # n x L
+    return torch.from_numpy(samples).float()
+
+
+# ------------------------------------------------------------------------------------------- planning
+
+
+def _group_counts(config: InversionConfig, num_classes: int) -> list[tuple[int, int, int]]:
+    """(class, beta index, count) per group; the remainder goes to the first groups in order."""
+    groups = [(c, b) for c in range(num_classes) for b in range(len(config.betas))]
+    base, extra = divmod(config.samples_per_teacher, len(groups))
+    return [(c, b, base + (1 if i < extra else 0)) for i, (c, b) in enumerate(groups)]
+
+
+def _plan(config: InversionConfig, num_classes: int) -> list[list[tuple[int, int]]]:
+    """Chunks of one teacher: each a list of (class, beta index), one per sample, round-robin over groups."""
+    counts = _group_counts(config, num_classes)
+    order: list[tuple[int, int]] = []
+    for r in range(max(n for _, _, n in counts)):
+        order += [(c, b) for c, b, n in counts if r < n]
+    size = config.batch_size
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def _derive_seed(*entropy: int) -> int:
+    """A 63-bit seed from a tuple of non-negative integers (numpy SeedSequence hashing)."""
+    state = np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _head_weight(module: nn.Module) -> Tensor:
+    try:
+        from server_kit.teachers import classifier_weight
+    except ImportError:  # teachers.py not importable yet: every toolkit model exposes .head
+        head = getattr(module, "head", None)
+        if not isinstance(head, nn.Linear):
+            raise ConfigError("teacher must expose its final nn.Linear as .head") from None
+        return head.weight.detach()
+    return classifier_weight(module).detach()
+
+
+@contextlib.contextmanager
+def _frozen(module: nn.Module) -> Iterator[nn.Module]:
+    """eval() + requires_grad False for the duration; the caller's flags are restored afterwards."""
+    was_training = module.training
+    flags = [p.requires_grad for p in module.parameters()]
+    module.eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    try:
+        yield module
+    finally:
+        for p, flag in zip(module.parameters(), flags, strict=True):
+            p.requires_grad_(flag)
+        module.train(was_training)
+
+
+class _BNStatLoss:
+    """DeepInversion: forward hooks on every BatchNorm2d comparing the batch statistics of its input
+    with the running statistics. ``value`` sums ||mu_b - mu_run||_2 + ||var_b - var_run||_2 over layers."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.terms: list[Tensor] = []
+        self.handles = [
+            m.register_forward_hook(self._hook) for m in module.modules() if isinstance(m, nn.BatchNorm2d)
+        ]
+
+    def _hook(self, bn: nn.Module, inputs: tuple[Tensor, ...], _output: Tensor) -> None:
+        x = inputs[0]  # B x C x H x W
+        mean = x.mean(dim=(0, 2, 3))  # C
+        var = x.var(dim=(0, 2, 3), unbiased=False)  # C
+        self.terms.append(
+            torch.linalg.vector_norm(mean - bn.running_mean) + torch.linalg.vector_norm(var - bn.running_var)
+        )
+
+    def pop(self) -> Tensor | None:
+        terms, self.terms = self.terms, []
+        return torch.stack(terms).sum() if terms else None
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _total_variation(x: Tensor) -> Tensor:  # x: B x C x H x W
+    return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
+
+
+def _invert_chunk(
+    module: nn.Module,
+    concentrations: list[Tensor],
+    chunk: list[tuple[int, int]],
+    *,
+    input_shape: tuple[int, int, int],
+    config: InversionConfig,
+    seed: int,
+    device: torch.device,
+) -> tuple[Tensor, Tensor, float]:
+    """Optimise one chunk of images as one batch. Returns (x float16-rounded float32 on CPU, class, loss)."""
+    gen = torch.Generator().manual_seed(seed)
+    classes = torch.tensor([c for c, _ in chunk], dtype=torch.int64)  # B
+    betas = torch.tensor([b for _, b in chunk], dtype=torch.int64)  # B
+    targets = torch.empty(len(chunk), len(concentrations))  # B x L
+    for c in range(len(concentrations)):  # fixed group order -> reproducible draws
+        for b, beta in enumerate(config.betas):
+            where = ((classes == c) & (betas == b)).nonzero().flatten()
+            if where.numel():
+                targets[where] = dirichlet_targets(concentrations[c], beta, where.numel(), gen)
+    p = torch.randn((len(chunk), *input_shape), generator=gen)  # B x C x H x W, x = sigmoid(p)
+    p = p.to(device).requires_grad_(True)
+    targets = targets.to(device)
+    optimizer = torch.optim.Adam([p], lr=config.lr)
+    bn_loss = _BNStatLoss(module) if config.bn_weight > 0 else None
+    try:
+        for _ in range(config.steps):
+            x = torch.sigmoid(p)
+            log_q = F.log_softmax(module(x) / config.tau, dim=1)  # B x L
+            loss = -(targets * log_q).sum(dim=1).mean()  # CE(y, softmax(T(x) / tau))
+            if bn_loss is not None:
+                bn_term = bn_loss.pop()
+                if bn_term is not None:
+                    loss = loss + config.bn_weight * bn_term
+            if config.tv_weight > 0:
+                loss = loss + config.tv_weight * _total_variation(x)
+            if config.l2_weight > 0:
+                loss = loss + config.l2_weight * x.square().mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    finally:
+        if bn_loss is not None:
+            bn_loss.remove()
+    x = torch.sigmoid(p.detach()).cpu().half().float()
+    return x, classes, float(loss.detach())
+
+
+# ------------------------------------------------------------------------------------------- public API
+
+
+def _check_inputs(num_classes: int, input_shape: Sequence[int]) -> tuple[int, int, int]:
+    if num_classes < 2:
+        raise ConfigError(f"num_classes must be >= 2, got {num_classes}")
+    if len(input_shape) != 3 or any(int(v) < 1 for v in input_shape):
+        raise ConfigError(f"input_shape must be (C, H, W) of positive sizes, got {tuple(input_shape)}")
+    return (int(input_shape[0]), int(input_shape[1]), int(input_shape[2]))
+
+
+def _concentrations_of(module: nn.Module, num_classes: int) -> list[Tensor]:
+    weight = _head_weight(module)
+    if weight.shape[0] != num_classes:
+        raise ConfigError(f"teacher head has {weight.shape[0]} classes, expected {num_classes}")
+    return list(class_similarity(weight).cpu())
+
+
+def invert_teacher(
+    module: nn.Module,
+    *,
+    num_classes: int,
+    input_shape: tuple[int, int, int],
+    config: InversionConfig,
+    seed: int,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Algorithm 3 for one teacher: (x float32 [0, 1] N x C x H x W, target class int64 N).
+
+    The module is put in eval mode with frozen parameters for the call (its flags are restored after).
+    """
+    shape = _check_inputs(num_classes, input_shape)
+    dev = _resolve_device(device)
+    concentrations = _concentrations_of(module, num_classes)
+    chunks = _plan(config, num_classes)
+    xs, cs = [], []
+    with _frozen(module):
+        module.to(dev)
+        bar = _progress(len(chunks), progress, "inversion")
+        for i, chunk in enumerate(chunks):
+            x, c, loss = _invert_chunk(
+                module, concentrations, chunk, input_shape=shape, config=config,
+                seed=_derive_seed(seed, i), device=dev,
+            )  # fmt: skip
+            xs.append(x)
+            cs.append(c)
+            _advance(bar, loss)
+        _close(bar)
+    return torch.cat(xs), torch.cat(cs)
+
+
+def teacher_seed(seed: int, teacher_index: int) -> int:
+    """The seed ``synthesize_inversion`` hands teacher ``teacher_index`` (so invert_teacher can replay it)."""
+    return _derive_seed(seed, 1_000_003, teacher_index)
+
+
+def _module_hash(module: nn.Module) -> str:
+    """sha256 over the state dict (names, dtypes, shapes, values): identifies a teacher across runs."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _differences(a: object, b: object, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two JSON objects (for a readable mismatch message)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def _prepare_work_dir(work_dir: Path, manifest: dict[str, object]) -> None:
+    """Record the run in ``config.json``; refuse a directory written by a different run.
+
+    A mismatch raises instead of recomputing: the chunks on disk may be the only copy of a long run, and
+    deleting them silently would be worse than asking for a fresh directory.
+    """
+    path = work_dir / "config.json"
+    if path.exists():
+        try:
+            existing = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise DataError(f"{path} is unreadable ({err}); delete {work_dir} to start over") from err
+        wanted = json.loads(json.dumps(manifest))  # tuples -> lists, as stored
+        if existing != wanted:
+            differs = _differences(existing, wanted)
+            raise ConfigError(
+                f"{work_dir} holds synthetic chunks of a different inversion run (differs in: {differs}); "
+                "use another work directory / output folder, or delete it to recompute"
+            )
+        return
+    atomic_write_json(path, manifest)
+
+
+def _chunk_path(work_dir: Path, teacher_index: int, chunk_index: int) -> Path:
+    return work_dir / f"teacher_{teacher_index:03d}_chunk_{chunk_index:04d}.npz"
+
+
+def _save_chunk(path: Path, x: Tensor, teacher_index: int, target_class: Tensor) -> None:
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        x=x.half().numpy(),
+        teacher=np.full(len(target_class), teacher_index, dtype=np.int64),
+        target_class=target_class.numpy(),
+    )
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _load_chunk(path: Path, expected: int, shape: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
+    try:
+        with np.load(path) as data:
+            x = torch.from_numpy(data["x"].astype(np.float32))
+            target_class = torch.from_numpy(data["target_class"].astype(np.int64))
+    except (OSError, KeyError, ValueError) as err:
+        raise DataError(f"synthetic chunk {path} is unreadable ({err}); delete it to recompute") from err
+    if tuple(x.shape) != (expected, *shape) or tuple(target_class.shape) != (expected,):
+        raise DataError(
+            f"synthetic chunk {path} holds x {tuple(x.shape)}, expected {(expected, *shape)}; "
+            "delete it to recompute"
+        )
+    return x, target_class
+
+
+def synthesize_inversion(
+    modules: Sequence[nn.Module],
+    *,
+    num_classes: int,
+    input_shape: tuple[int, int, int],
+    config: InversionConfig,
+    seed: int,
+    device: str | torch.device = "cpu",
+    work_dir: str | Path | None = None,
+    progress: bool = False,
+) -> SyntheticSet:
+    """Algorithm 3 over all teachers: X = union of the per-teacher sets.
+
+    With ``work_dir`` every finished (teacher, chunk) is written atomically and reused by a rerun with
+    the same config, seed and teachers, so a killed run resumes where it stopped with identical output.
+    """
+    if not modules:
+        raise ConfigError("synthesize_inversion needs at least one teacher")
+    shape = _check_inputs(num_classes, input_shape)
+    dev = _resolve_device(device)
+    chunks = _plan(config, num_classes)
+    work = Path(work_dir) if work_dir is not None else None
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+        _prepare_work_dir(
+            work,
+            {
+                "format": _WORK_FORMAT,
+                "config": config.to_dict(),
+                "seed": seed,
+                "num_classes": num_classes,
+                "input_shape": list(shape),
+                "teachers": [_module_hash(m) for m in modules],
+            },
+        )
+    xs: list[Tensor] = []
+    teachers: list[Tensor] = []
+    classes: list[Tensor] = []
+    bar = _progress(len(modules) * len(chunks), progress, "inversion")
+    for k, module in enumerate(modules):
+        concentrations = _concentrations_of(module, num_classes)
+        base = teacher_seed(seed, k)
+        with _frozen(module):
+            module.to(dev)
+            for i, chunk in enumerate(chunks):
+                path = _chunk_path(work, k, i) if work is not None else None
+                loss = None
+                if path is not None and path.exists():
+                    x, c = _load_chunk(path, len(chunk), shape)
+                else:
+                    x, c, loss = _invert_chunk(
+                        module, concentrations, chunk, input_shape=shape, config=config,
+                        seed=_derive_seed(base, i), device=dev,
+                    )  # fmt: skip
+                    if path is not None:
+                        _save_chunk(path, x, k, c)
+                xs.append(x)
+                classes.append(c)
+                teachers.append(torch.full((len(chunk),), k, dtype=torch.int64))
+                _advance(bar, loss)
+    _close(bar)
+    return SyntheticSet(x=torch.cat(xs), teacher=torch.cat(teachers), target_class=torch.cat(classes))
+
+
+# ------------------------------------------------------------------------------------------- progress
+
+
+def _progress(total: int, enabled: bool, desc: str):  # -> tqdm | None
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="chunk")
+
+
+def _advance(bar, loss: float | None) -> None:
+    if bar is not None:
+        if loss is not None:
+            bar.set_postfix(loss=f"{loss:.3f}")
+        bar.update(1)
+
+
+def _close(bar) -> None:
+    if bar is not None:
+        bar.close()

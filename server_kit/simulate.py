@@ -1,0 +1,246 @@
+"""A whole one-shot federation in one call: partition -> every client as a device -> aggregate -> evaluate.
+
+Clients run through `edge_sdk.client.run_client` (the code path of `edge-sdk run`) and the server through
+`server_kit.aggregate.aggregate` (the code path of `server-kit aggregate`), so a simulation measures the
+real toolkit. Finished client bundles are reused, so a killed simulation resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import json
+import multiprocessing
+import os
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edge_sdk.search import SearchConfig
+from export.atomic import atomic_write_json
+from profiles import load_profile
+from profiles.errors import BundleError, ConfigError
+from server_kit.aggregate import AggregateConfig
+
+__all__ = ["SimulateConfig", "assign_profiles", "simulate"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulateConfig:
+    """A simulated federation. Client ``k`` gets profile ``profiles[k % len(profiles)]`` unless
+    ``profile_map`` (a TOML file: ``default = "name"`` and a ``[clients]`` table ``3 = "name"``) says otherwise.
+    """
+
+    dataset: str
+    data_root: str | None = None
+    num_clients: int = 10
+    alpha: float = 0.5
+    seed: int = 0
+    out_dir: Path
+    profiles: tuple[str, ...] = ("laptop-cpu",)
+    profile_map: Path | None = None
+    search: SearchConfig = field(default_factory=SearchConfig)
+    aggregate: AggregateConfig = field(default_factory=AggregateConfig)
+    val_fraction: float = 0.2
+    min_size: int = 10
+    jobs: int = 1
+    device: str = "cpu"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_clients < 1:
+            raise ConfigError(f"num_clients must be >= 1, got {self.num_clients}")
+        if self.jobs < 1:
+            raise ConfigError(f"jobs must be >= 1, got {self.jobs}")
+        if not self.profiles and self.profile_map is None:
+            raise ConfigError("give at least one profile (profiles=...) or a profile_map TOML")
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["out_dir"] = str(self.out_dir)
+        data["profile_map"] = str(self.profile_map) if self.profile_map else None
+        return data
+
+
+def assign_profiles(num_clients: int, profiles: tuple[str, ...], profile_map: Path | None) -> list[str]:
+    """Profile name of every client: round-robin over ``profiles``, then overrides from ``profile_map``."""
+    names = [profiles[k % len(profiles)] if profiles else "" for k in range(num_clients)]
+    if profile_map is not None:
+        try:
+            data = tomllib.loads(Path(profile_map).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"cannot read profile map {profile_map}: {err}") from err
+        unknown = sorted(set(data) - {"default", "clients"})
+        if unknown:
+            raise ConfigError(f"profile map {profile_map}: unknown keys {unknown}; expected 'default' and [clients]")
+        if "default" in data:
+            names = [str(data["default"])] * num_clients
+        for key, name in dict(data.get("clients", {})).items():
+            if not str(key).isdigit() or not 0 <= int(key) < num_clients:
+                raise ConfigError(
+                    f"profile map {profile_map}: client key {key!r} must be an index in [0, {num_clients})"
+                )
+            names[int(key)] = str(name)
+    missing = [k for k, n in enumerate(names) if not n]
+    if missing:
+        raise ConfigError(f"clients {missing} have no profile; add a 'default' to the profile map")
+    for name in sorted(set(names)):
+        profile = load_profile(name)  # validates early: a bad name fails before any training
+        if profile.role != "classifier":
+            raise ConfigError(
+                f"profile {name!r} has role {profile.role!r}; simulate runs classifier clients only, "
+                "pick classifier profiles"
+            )
+    return names
+
+
+def _limit_threads(threads: int) -> None:
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def _run_one(
+    data_path: str, bundle_path: str, profile_name: str, search: SearchConfig, seed: int, val_fraction: float,
+    device: str, progress: bool,
+) -> dict[str, Any]:
+    """One client, exactly as `edge-sdk run` would do it (runs in a worker process when jobs > 1)."""
+    from edge_sdk.client import ClientConfig, run_client
+    from edge_sdk.data import load_client_data
+
+    config = ClientConfig(search=search, val_fraction=val_fraction, seed=seed, device=device, progress=progress)
+    result = run_client(load_client_data(data_path), profile=load_profile(profile_name), config=config, out=bundle_path)
+    return {"seconds": result.seconds}
+
+
+def _finished(bundle_path: Path) -> bool:
+    """A client is done when its bundle reads back cleanly and its report exists (both written atomically)."""
+    from export.bundle import read_bundle
+
+    report = bundle_path.with_name(bundle_path.name + ".report.json")
+    if not (bundle_path.is_file() and report.is_file()):
+        return False
+    try:
+        read_bundle(bundle_path)
+    except BundleError:
+        return False
+    return True
+
+
+def _partition(config: SimulateConfig, data_dir: Path) -> list[Path]:
+    from edge_sdk.data import partition
+
+    manifest = data_dir / "partition.json"
+    wanted = {
+        "dataset": config.dataset,
+        "num_clients": config.num_clients,
+        "alpha": config.alpha,
+        "seed": config.seed,
+        "min_size": config.min_size,
+    }
+    if manifest.is_file():
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))
+        if all(recorded.get(k) == v for k, v in wanted.items()):
+            paths = [data_dir / f"client_{k:02d}.npz" for k in range(config.num_clients)]
+            if all(p.is_file() for p in paths) and (data_dir / "test.npz").is_file():
+                return paths
+    result = partition(
+        config.dataset,
+        config.data_root,
+        num_clients=config.num_clients,
+        alpha=config.alpha,
+        seed=config.seed,
+        out_dir=data_dir,
+        min_size=config.min_size,
+    )
+    return list(result.client_paths)
+
+
+def simulate(config: SimulateConfig) -> dict[str, Any]:
+    """Run the federation and write ``out_dir/results.json``; returns the same dict."""
+    from edge_sdk.data import load_client_data
+    from export.bundle import read_bundle
+    from server_kit.aggregate import aggregate
+    from server_kit.evaluate import evaluate_onnx
+
+    out = config.out_dir
+    names = assign_profiles(config.num_clients, config.profiles, config.profile_map)
+    seconds: dict[str, float] = {}
+    wall = time.perf_counter()
+
+    t0 = time.perf_counter()
+    data_paths = _partition(config, out / "data")
+    seconds["partition"] = time.perf_counter() - t0
+
+    # --- clients (each one is a device); reuse finished bundles so a killed run resumes ----------------
+    t0 = time.perf_counter()
+    client_dir = out / "clients"
+    client_dir.mkdir(parents=True, exist_ok=True)
+    bundles = [client_dir / f"client_{k:02d}.bundle" for k in range(config.num_clients)]
+    todo = [k for k in range(config.num_clients) if not _finished(bundles[k])]
+    jobs = [
+        (str(data_paths[k]), str(bundles[k]), names[k], config.search, config.seed + k, config.val_fraction,
+         config.device, config.progress and config.jobs == 1)
+        for k in todo
+    ]
+    if config.jobs == 1 or len(jobs) <= 1:
+        for job in jobs:
+            _run_one(*job)
+    else:
+        threads = max(1, (os.cpu_count() or 1) // config.jobs)
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(config.jobs, mp_context=ctx, initializer=_limit_threads, initargs=(threads,)) as pool:
+            futures = [pool.submit(_run_one, *job) for job in jobs]
+            for future in cf.as_completed(futures):
+                future.result()  # re-raise the first client failure
+    seconds["clients"] = time.perf_counter() - t0
+
+    # --- server ------------------------------------------------------------------------------------------
+    test = load_client_data(out / "data" / "test.npz")
+    agg = aggregate(bundles, out / "server", config=config.aggregate, eval_data=test, progress=config.progress)
+    for phase, value in agg.seconds.items():
+        seconds[f"server_{phase}"] = value
+
+    # --- per-client metrics (local val accuracy; accuracy of its own model on the global test set) -----
+    t0 = time.perf_counter()
+    clients = []
+    for k, path in enumerate(bundles):
+        bundle = read_bundle(path)
+        report = json.loads(path.with_name(path.name + ".report.json").read_text(encoding="utf-8"))
+        m = bundle.metrics
+        clients.append(
+            {
+                "client": k,
+                "profile": names[k],
+                "arch": bundle.arch,
+                "num_examples": bundle.num_examples,
+                "label_counts": list(bundle.label_counts),
+                "val_accuracy": m["val_accuracy"],
+                "test_accuracy": evaluate_onnx(bundle.model_onnx, test)["accuracy"],
+                "flops": m["flops"],
+                "params": m["params"],
+                "candidate_epochs": m["candidate_epochs"],
+                "seconds": report["seconds"],
+            }
+        )
+    seconds["evaluate_clients"] = time.perf_counter() - t0
+    seconds["total"] = time.perf_counter() - wall
+
+    mean_client = sum(c["test_accuracy"] for c in clients) / len(clients)
+    results = {
+        "config": config.to_dict(),
+        "seed": config.seed,
+        "clients": clients,
+        "global_accuracy": agg.accuracy,
+        "mean_client_test_accuracy": mean_client,
+        "synthetic_size": agg.synthetic_size,
+        "resumed_clients": config.num_clients - len(todo),
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "server_report": str(agg.report_path.relative_to(out)),
+    }
+    atomic_write_json(out / "results.json", results)
+    return results

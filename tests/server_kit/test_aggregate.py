@@ -1,0 +1,176 @@
+"""The server pipeline end to end on three tiny heterogeneous bundles (1 x 8 x 8 images, 3 classes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from edge_sdk.arch import build_model
+from edge_sdk.data import ArrayDataset
+from export.bundle import Bundle, write_bundle
+from export.onnx_export import export_onnx, read_metadata, validate_onnx
+from profiles.errors import ConfigError, TeacherError
+from server_kit.aggregate import AggregateConfig, aggregate
+from server_kit.distill import DistillConfig
+from server_kit.inversion import InversionConfig
+
+SHAPE = (1, 8, 8)
+L = 3
+SPECS = ("C4k3-P-F3", "C6k5-P-F8-F3", "C4k3-C4k3-P-F3")
+
+
+def _bundle(tmp_path, name: str, spec: str, seed: int, counts: list[int]) -> str:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = build_model(spec, SHAPE, len(counts)).eval()
+    bundle = Bundle(
+        kind="classifier",
+        model_onnx=export_onnx(model, SHAPE, metadata={"arch": spec}),
+        arch=spec,
+        num_classes=len(counts),
+        input_shape=SHAPE,
+        label_counts=counts,
+        num_examples=sum(counts),
+        profile={"name": "test-device"},
+        metrics={"val_accuracy": 0.5 + 0.1 * seed},
+        seed=seed,
+        sdk_version="test",
+    )
+    return str(write_bundle(bundle, tmp_path / f"{name}.bundle"))
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory) -> list[str]:
+    tmp = tmp_path_factory.mktemp("bundles")
+    counts = ([10, 0, 5], [3, 7, 0], [4, 4, 4])
+    return [_bundle(tmp, f"client_{k}", spec, k, counts[k]) for k, spec in enumerate(SPECS)]
+
+
+def tiny_config(**overrides) -> AggregateConfig:
+    base = dict(
+        student="C4k3-P-F16-F10",  # head written for 10 classes: resized to the task's 3
+        device="cpu",
+        seed=3,
+        inversion=InversionConfig(samples_per_teacher=12, steps=3, batch_size=8, lr=0.1, tau=2.0),
+        distill=DistillConfig(epochs=2, batch_size=8),
+    )
+    return AggregateConfig(**{**base, **overrides})
+
+
+def eval_data() -> ArrayDataset:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (30, *SHAPE), generator=gen, dtype=torch.uint8)
+    return ArrayDataset(x, torch.arange(30) % L, L)
+
+
+def test_aggregate_end_to_end(tmp_path, bundles):
+    out = tmp_path / "server"
+    result = aggregate(bundles, out, config=tiny_config(), eval_data=eval_data())
+
+    model_bytes = result.global_onnx.read_bytes()
+    validate_onnx(model_bytes)
+    meta = read_metadata(model_bytes)
+    assert meta["role"] == "global-student" and meta["arch"] == "C4k3-P-F16-F3"
+
+    report = json.loads(result.report_path.read_text())
+    assert report == json.loads(json.dumps(result.report))
+    assert report["synthetic_size"] == result.synthetic_size == 3 * 12
+    assert report["seed"] == 3 and report["device"] == "cpu"
+    assert report["config"]["inversion"]["samples_per_teacher"] == 12
+    assert set(report["seconds"]) >= {"load", "inversion", "consensus", "distill", "export", "evaluate"}
+    assert [t["arch"] for t in report["teachers"]] == list(SPECS)
+    assert report["teachers"][1]["label_counts"] == [3, 7, 0]
+    assert report["teachers"][2]["val_accuracy"] == pytest.approx(0.7)
+    assert report["skipped"] == []
+    assert len(report["distill_loss"]) == 2
+    assert 0.0 <= report["accuracy"] <= 1.0 and result.accuracy == report["accuracy"]
+    assert len(report["per_class_accuracy"]) == L
+
+    with Image.open(result.grid_path) as image:
+        assert image.format == "PNG"
+        # 3 rows of 8 cells of 16 x 16 pixels (8 x 8, scaled x2), 2-pixel padding
+        assert image.size == (8 * 18 + 2, 3 * 18 + 2)
+    assert len(list((out / "synthetic").glob("teacher_*_chunk_*.npz"))) == 3 * 2
+
+    # a rerun resumes from the chunks and reproduces the same student, byte for byte
+    again = aggregate(bundles, out, config=tiny_config(), eval_data=None)
+    assert again.global_onnx.read_bytes() == model_bytes
+    assert again.accuracy is None
+
+
+def test_a_changed_config_does_not_reuse_old_chunks(tmp_path, bundles):
+    out = tmp_path / "server"
+    aggregate(bundles, out, config=tiny_config())
+    changed = tiny_config(
+        inversion=InversionConfig(samples_per_teacher=12, steps=4, batch_size=8, lr=0.1, tau=2.0)
+    )
+    with pytest.raises(ConfigError, match="different inversion run"):
+        aggregate(bundles, out, config=changed)
+
+
+def test_mismatched_class_count_is_refused(tmp_path, bundles):
+    odd = _bundle(tmp_path, "four_classes", "C4k3-P-F4", 9, [1, 1, 1, 1])
+    with pytest.raises(TeacherError, match="num_classes"):
+        aggregate([*bundles, odd], tmp_path / "stop", config=tiny_config())
+    result = aggregate([*bundles, odd], tmp_path / "skip", config=tiny_config(on_error="skip"))
+    assert [s["file"] for s in result.report["skipped"]] == [odd]
+    assert len(result.report["teachers"]) == 3
+
+
+@pytest.mark.parametrize("overrides", [{"consensus": "label-weighted"}, {"hard_labels": True}])
+def test_label_modes(tmp_path, bundles, overrides):
+    result = aggregate(bundles, tmp_path / "server", config=tiny_config(**overrides))
+    validate_onnx(result.global_onnx.read_bytes())
+    expected = "hard" if overrides.get("hard_labels") else "consensus (label-weighted)"
+    assert result.report["labels"].startswith(expected)
+    if overrides.get("hard_labels"):  # trained on the target classes themselves
+        assert result.report["consensus_agrees_with_target"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"consensus": "median"}, "consensus"),
+        ({"on_error": "ignore"}, "on_error"),
+        ({"device": "tpu"}, "device"),
+        ({"student": "X12"}, "student"),
+        ({"threads": 0}, "threads"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_config_validation(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        AggregateConfig(**overrides)
+
+
+def test_presets():
+    default = AggregateConfig()
+    assert default == AggregateConfig.preset("fast")
+    paper = AggregateConfig.preset("paper", seed=4)
+    assert paper.inversion.samples_per_teacher == 4000 and paper.distill.tau == 4.0 and paper.seed == 4
+    assert dataclasses.replace(default, hard_labels=True).use_hard_labels
+    with pytest.raises(ConfigError, match="unknown aggregate preset"):
+        AggregateConfig.preset("slow")
+    with pytest.raises(ConfigError, match="unknown AggregateConfig fields"):
+        AggregateConfig.preset("fast", epochs=3)
+
+
+def test_grid_rows_follow_the_consensus_argmax():
+    import io
+
+    import numpy as np
+
+    from server_kit.grid import grid_png
+
+    x = torch.stack([torch.full(SHAPE, v) for v in (0.2, 0.6, 1.0, 0.4)])  # 4 flat images
+    probs = torch.tensor([[0.6, 0.4, 0.0], [0.9, 0.1, 0.0], [0.1, 0.8, 0.1], [0.7, 0.3, 0.0]])
+    png = grid_png(x, probs, per_class=2, scale=1, padding=0)
+    cells = np.asarray(Image.open(io.BytesIO(png)).convert("L"))[::8, ::8]  # one pixel per 8 x 8 cell
+    expected = np.array([[0.6, 0.4], [1.0, 0.0], [0.0, 0.0]])  # class 0 by confidence; class 2: empty
+    np.testing.assert_allclose(cells / 255, expected, atol=1 / 255)
+    with pytest.raises(ConfigError, match="probs"):
+        grid_png(x, probs[:3])
