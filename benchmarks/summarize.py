@@ -42,15 +42,16 @@ def row(name: str) -> str:
     return (
         f"| {name} | {cfg['alpha']} | {cfg['search']['strategy']} | {100 * results['global_accuracy']:.2f} | "
         f"{100 * results['mean_client_test_accuracy']:.2f} | {cand} | {sec['clients'] / 60:.1f} | "
-        f"{sec.get('server_inversion', 0) / 60:.1f} | {sec.get('server_distill', 0) / 60:.1f} | {server / 60:.1f} | "
+        f"{sec.get('server_inversion', 0) / 60:.1f} | {sec.get('server_generator', 0) / 60:.1f} | "
+        f"{sec.get('server_distill', 0) / 60:.1f} | {server / 60:.1f} | "
         f"{timing.get('wall_s', float('nan')) / 60:.1f} | {timing.get('peak_rss_mb', float('nan')):.0f} |"
     )
 
 
 HEADER = (
     "| row | alpha | strategy | global top-1 % | mean client top-1 % | candidate-epochs (all clients) | "
-    "clients min | inversion min | distill min | server min | wall min | peak RSS MB |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "clients min | inversion min | generator min | distill min | server min | wall min | peak RSS MB |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

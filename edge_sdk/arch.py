@@ -128,7 +128,9 @@ class ChainSpec:
         out = []
         for layer in self.layers:
             if isinstance(layer, Conv):
-                out.append({"type": "C", "out_channels": layer.out_channels, "kernel_size": layer.kernel_size})
+                out.append(
+                    {"type": "C", "out_channels": layer.out_channels, "kernel_size": layer.kernel_size}
+                )
             elif isinstance(layer, Pool):
                 out.append({"type": "P", "kind": layer.kind})
             else:

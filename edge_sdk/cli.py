@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from profiles.errors import ToolkitError
@@ -39,7 +38,9 @@ def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | N
 def add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
     # Sub-commands use SUPPRESS so `prog --debug cmd` is not reset to False by the sub-parser's default.
     default = False if top else argparse.SUPPRESS
-    parser.add_argument("--debug", action="store_true", default=default, help="show the full traceback on errors")
+    parser.add_argument(
+        "--debug", action="store_true", default=default, help="show the full traceback on errors"
+    )
 
 
 def print_json(obj: Any) -> None:
@@ -73,7 +74,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, help="independent PSO repeats R (best kept)")
     p.add_argument("--final-epochs", type=int, help="epochs of full training of the winner")
     p.add_argument("--cg", type=float, help="PSO control factor Cg in [0, 1]")
-    p.add_argument("--fixed-arch", help="architecture of the fixed strategy, default CNN1 = C32k5-P-C64k5-P-F10")
+    p.add_argument(
+        "--fixed-arch", help="architecture of the fixed strategy, default CNN1 = C32k5-P-C64k5-P-F10"
+    )
     p.add_argument("--max-train-samples", type=int, help="subsample the training split for fitness runs")
 
 
@@ -153,10 +156,15 @@ def cmd_profile(args: argparse.Namespace) -> None:
 def cmd_profiles(args: argparse.Namespace) -> None:
     from profiles import list_profiles, load_profile
 
-    print(f"{'name':24s} {'role':10s} {'memory_mb':>9s} {'GFLOP/s':>8s} {'max_flops':>12s} {'max_params':>11s}")
+    print(
+        f"{'name':24s} {'role':10s} {'memory_mb':>9s} {'GFLOP/s':>8s} {'max_flops':>12s} {'max_params':>11s}"
+    )
     for name in list_profiles():
         p = load_profile(name)
-        print(f"{p.name:24s} {p.role:10s} {p.memory_mb:9.0f} {p.gflops:8.1f} {p.max_flops:12d} {p.max_params:11d}")
+        print(
+            f"{p.name:24s} {p.role:10s} {p.memory_mb:9.0f} {p.gflops:8.1f} "
+            f"{p.max_flops:12d} {p.max_params:11d}"
+        )
 
 
 def cmd_search(args: argparse.Namespace) -> None:
@@ -178,8 +186,11 @@ def cmd_search(args: argparse.Namespace) -> None:
         progress=not args.quiet,
     )
     atomic_write_json(args.out, result.to_dict())
-    print(f"best {result.best_spec} (val CE {result.best_fitness:.4f}); {result.candidate_epochs} candidate-epochs, "
-          f"{result.rejected} over budget, {result.cache_hits} cache hits; wrote {args.out}")
+    print(
+        f"best {result.best_spec} (val CE {result.best_fitness:.4f}); "
+        f"{result.candidate_epochs} candidate-epochs, "
+        f"{result.rejected} over budget, {result.cache_hits} cache hits; wrote {args.out}"
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -208,7 +219,9 @@ def cmd_export(args: argparse.Namespace) -> None:
     from profiles import load_profile
 
     trained, onnx_bytes = load_trained_model(args.model)
-    bundle = bundle_model(trained, load_profile(args.profile), args.out, seed=args.seed, onnx_bytes=onnx_bytes)
+    bundle = bundle_model(
+        trained, load_profile(args.profile), args.out, seed=args.seed, onnx_bytes=onnx_bytes
+    )
     print(f"wrote {args.out} ({bundle.kind}, {bundle.arch}, sha256 {bundle.sha256[:12]})")
 
 
@@ -261,23 +274,30 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edge-sdk",
-        description="Edge SDK: profile the device, search/train a model under its budget, export ONNX, write a bundle.",
+        description="Edge SDK: profile the device, search/train a model under its budget, export ONNX, "
+        "write a bundle.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     add_common(parser, top=True)
     sub = parser.add_subparsers(title="commands")
 
-    def command(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+    def command(
+        name: str, func: Callable[[argparse.Namespace], None], help_text: str
+    ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_common(p)
         p.set_defaults(func=func)
         return p
 
-    p = command("partition", cmd_partition, "Dirichlet label-skew partition of a dataset into client .npz files")
+    p = command(
+        "partition", cmd_partition, "Dirichlet label-skew partition of a dataset into client .npz files"
+    )
     p.add_argument("--dataset", required=True, help="mnist, fashionmnist, cifar10, svhn or digits")
     p.add_argument("--data-root", help="torchvision-layout dataset root (not needed for digits)")
     p.add_argument("--num-clients", type=int, required=True)
-    p.add_argument("--alpha", type=float, required=True, help="Dirichlet concentration (> 0; smaller = more skew)")
+    p.add_argument(
+        "--alpha", type=float, required=True, help="Dirichlet concentration (> 0; smaller = more skew)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-size", type=int, default=10, help="minimum samples per client")
     p.add_argument("--download", action="store_true", help="download the dataset if missing (needs internet)")
@@ -306,7 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="search result JSON")
     add_search_args(p)
 
-    p = command("train", cmd_train, "train one architecture on local data (writes a BN-preserving ONNX model)")
+    p = command(
+        "train", cmd_train, "train one architecture on local data (writes a BN-preserving ONNX model)"
+    )
     data_args(p)
     p.add_argument("--arch", required=True, help="architecture spec, e.g. C32k3-P-C64k5-P-F128-F10")
     p.add_argument("--epochs", type=int, default=8)

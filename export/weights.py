@@ -16,7 +16,9 @@ from profiles.errors import BundleError
 __all__ = ["initializer_state_dict"]
 
 
-def initializer_state_dict(model_bytes: bytes, module: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+def initializer_state_dict(
+    model_bytes: bytes, module: torch.nn.Module | None = None
+) -> dict[str, torch.Tensor]:
     """Map initializer name -> tensor; with ``module``, keep exactly its state_dict keys.
 
     ``num_batches_tracked`` buffers are not exported (they do not affect eval outputs), so they are filled

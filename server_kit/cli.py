@@ -40,19 +40,29 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--server-preset", default="fast", help="aggregation preset: fast (default) or paper")
     g.add_argument("--student", help="student architecture spec (any edge-sdk spec)")
-    g.add_argument("--synth", help="synthesis sources, pooled: inversion (default), generator, inversion,generator")
+    g.add_argument(
+        "--synth", help="synthesis sources, pooled: inversion (default), generator, inversion,generator"
+    )
     g.add_argument("--generator-steps", type=int, help="generator training steps")
     g.add_argument("--generator-samples", type=int, help="samples drawn from the trained generator")
     g.add_argument("--generator-bn-weight", type=float, help="generator BN-statistics matching weight")
     g.add_argument("--generator-div-weight", type=float, help="generator diversity loss weight")
-    g.add_argument("--generator-filter", type=float, help="fraction of the noisiest generated samples dropped")
+    g.add_argument(
+        "--generator-filter", type=float, help="fraction of the noisiest generated samples dropped"
+    )
     g.add_argument("--server-device", dest="server_device", help="auto (default), cpu or cuda")
     g.add_argument("--consensus", choices=["mean", "label-weighted"], help="how teacher votes are combined")
-    g.add_argument("--hard-labels", action="store_true", default=None,
-                   help="ablation 'w/o ZSKD': train on the generating teacher's hard labels")
+    g.add_argument(
+        "--hard-labels",
+        action="store_true",
+        default=None,
+        help="ablation 'w/o ZSKD': train on the generating teacher's hard labels",
+    )
     g.add_argument("--on-error", choices=["stop", "skip"], help="what to do with a bad bundle")
     g.add_argument("--threads", type=int, help="torch threads on the server")
-    g.add_argument("--samples-per-teacher", type=int, help="pseudo-samples inverted from each teacher (N_syn)")
+    g.add_argument(
+        "--samples-per-teacher", type=int, help="pseudo-samples inverted from each teacher (N_syn)"
+    )
     g.add_argument("--steps", type=int, help="optimisation steps per inversion batch (ep)")
     g.add_argument("--inversion-lr", type=float)
     g.add_argument("--inversion-batch-size", type=int)
@@ -70,12 +80,18 @@ def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateCon
     from server_kit.aggregate import AggregateConfig
 
     base = AggregateConfig.preset(args.server_preset)
-    inv = dataclasses.replace(base.inversion, **{f: getattr(args, a) for a, f in INVERSION_KNOBS.items()
-                                                   if getattr(args, a) is not None})
-    dis = dataclasses.replace(base.distill, **{f: getattr(args, a) for a, f in DISTILL_KNOBS.items()
-                                                 if getattr(args, a) is not None})
-    gen = dataclasses.replace(base.generator, **{f: getattr(args, a) for a, f in GENERATOR_KNOBS.items()
-                                                   if getattr(args, a) is not None})
+    inv = dataclasses.replace(
+        base.inversion,
+        **{f: getattr(args, a) for a, f in INVERSION_KNOBS.items() if getattr(args, a) is not None},
+    )
+    dis = dataclasses.replace(
+        base.distill,
+        **{f: getattr(args, a) for a, f in DISTILL_KNOBS.items() if getattr(args, a) is not None},
+    )
+    gen = dataclasses.replace(
+        base.generator,
+        **{f: getattr(args, a) for a, f in GENERATOR_KNOBS.items() if getattr(args, a) is not None},
+    )
     top = overrides(args, ["student", "synth", "consensus", "hard_labels", "on_error", "threads"])
     if args.server_device is not None:
         top["device"] = args.server_device
@@ -122,7 +138,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     )
     results = simulate(config)
     print(
-        f"global accuracy {results['global_accuracy']:.4f} (mean client {results['mean_client_test_accuracy']:.4f}) "
+        f"global accuracy {results['global_accuracy']:.4f} "
+        f"(mean client {results['mean_client_test_accuracy']:.4f}) "
         f"in {results['seconds']['total']:.0f} s; wrote {config.out_dir / 'results.json'}"
     )
 
@@ -138,13 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(parser, top=True)
     sub = parser.add_subparsers(title="commands")
 
-    def command(name: str, func: Callable[[argparse.Namespace], None], help_text: str) -> argparse.ArgumentParser:
+    def command(
+        name: str, func: Callable[[argparse.Namespace], None], help_text: str
+    ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_common(p)
         p.set_defaults(func=func)
         return p
 
-    p = command("aggregate", cmd_aggregate, "invert the teachers, distill a global student, write global.onnx")
+    p = command(
+        "aggregate", cmd_aggregate, "invert the teachers, distill a global student, write global.onnx"
+    )
     p.add_argument("bundles", nargs="+", help="client bundle files")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
@@ -156,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="ONNX model")
     p.add_argument("--data", required=True, help=".npz with x (uint8 NCHW) and y")
 
-    p = command("simulate", cmd_simulate, "a whole simulated federation: partition, clients, server, evaluation")
+    p = command(
+        "simulate", cmd_simulate, "a whole simulated federation: partition, clients, server, evaluation"
+    )
     p.add_argument("--dataset", required=True, help="mnist, fashionmnist, cifar10, svhn or digits")
     p.add_argument("--data-root", help="torchvision-layout dataset root (not needed for digits)")
     p.add_argument("--num-clients", type=int, default=10)

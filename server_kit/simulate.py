@@ -30,7 +30,8 @@ __all__ = ["SimulateConfig", "assign_profiles", "simulate"]
 @dataclass(frozen=True, kw_only=True)
 class SimulateConfig:
     """A simulated federation. Client ``k`` gets profile ``profiles[k % len(profiles)]`` unless
-    ``profile_map`` (a TOML file: ``default = "name"`` and a ``[clients]`` table ``3 = "name"``) says otherwise.
+    ``profile_map`` (a TOML file: ``default = "name"`` and a ``[clients]`` table ``3 = "name"``) says
+    otherwise.
     """
 
     dataset: str
@@ -75,7 +76,9 @@ def assign_profiles(num_clients: int, profiles: tuple[str, ...], profile_map: Pa
             raise ConfigError(f"cannot read profile map {profile_map}: {err}") from err
         unknown = sorted(set(data) - {"default", "clients"})
         if unknown:
-            raise ConfigError(f"profile map {profile_map}: unknown keys {unknown}; expected 'default' and [clients]")
+            raise ConfigError(
+                f"profile map {profile_map}: unknown keys {unknown}; expected 'default' and [clients]"
+            )
         if "default" in data:
             names = [str(data["default"])] * num_clients
         for key, name in dict(data.get("clients", {})).items():
@@ -105,15 +108,25 @@ def _limit_threads(threads: int) -> None:
 
 
 def _run_one(
-    data_path: str, bundle_path: str, profile_name: str, search: SearchConfig, seed: int, val_fraction: float,
-    device: str, progress: bool,
+    data_path: str,
+    bundle_path: str,
+    profile_name: str,
+    search: SearchConfig,
+    seed: int,
+    val_fraction: float,
+    device: str,
+    progress: bool,
 ) -> dict[str, Any]:
     """One client, exactly as `edge-sdk run` would do it (runs in a worker process when jobs > 1)."""
     from edge_sdk.client import ClientConfig, run_client
     from edge_sdk.data import load_client_data
 
-    config = ClientConfig(search=search, val_fraction=val_fraction, seed=seed, device=device, progress=progress)
-    result = run_client(load_client_data(data_path), profile=load_profile(profile_name), config=config, out=bundle_path)
+    config = ClientConfig(
+        search=search, val_fraction=val_fraction, seed=seed, device=device, progress=progress
+    )
+    result = run_client(
+        load_client_data(data_path), profile=load_profile(profile_name), config=config, out=bundle_path
+    )
     return {"seconds": result.seconds}
 
 
@@ -183,8 +196,16 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
     bundles = [client_dir / f"client_{k:02d}.bundle" for k in range(config.num_clients)]
     todo = [k for k in range(config.num_clients) if not _finished(bundles[k])]
     jobs = [
-        (str(data_paths[k]), str(bundles[k]), names[k], config.search, config.seed + k, config.val_fraction,
-         config.device, config.progress and config.jobs == 1)
+        (
+            str(data_paths[k]),
+            str(bundles[k]),
+            names[k],
+            config.search,
+            config.seed + k,
+            config.val_fraction,
+            config.device,
+            config.progress and config.jobs == 1,
+        )
         for k in todo
     ]
     if config.jobs == 1 or len(jobs) <= 1:
@@ -193,7 +214,9 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
     else:
         threads = max(1, (os.cpu_count() or 1) // config.jobs)
         ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(config.jobs, mp_context=ctx, initializer=_limit_threads, initargs=(threads,)) as pool:
+        with cf.ProcessPoolExecutor(
+            config.jobs, mp_context=ctx, initializer=_limit_threads, initargs=(threads,)
+        ) as pool:
             futures = [pool.submit(_run_one, *job) for job in jobs]
             for future in cf.as_completed(futures):
                 future.result()  # re-raise the first client failure
@@ -201,7 +224,9 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
 
     # --- server ------------------------------------------------------------------------------------------
     test = load_client_data(out / "data" / "test.npz")
-    agg = aggregate(bundles, out / "server", config=config.aggregate, eval_data=test, progress=config.progress)
+    agg = aggregate(
+        bundles, out / "server", config=config.aggregate, eval_data=test, progress=config.progress
+    )
     for phase, value in agg.seconds.items():
         seconds[f"server_{phase}"] = value
 

@@ -19,8 +19,12 @@ from edge_sdk.arch import (
 from profiles.errors import SpecError
 
 MIN_SPEC = "C1k1-F4-F10"
-MAX_SPEC = "-".join([f"C{MAX_CHANNELS}k{MAX_KERNEL}"] * 2 + ["P", "Pavg"] + [f"C{MAX_CHANNELS}k3"] * 13
-                    + [f"F{MAX_UNITS}", "F10"])
+MAX_SPEC = "-".join(
+    [f"C{MAX_CHANNELS}k{MAX_KERNEL}"] * 2
+    + ["P", "Pavg"]
+    + [f"C{MAX_CHANNELS}k3"] * 13
+    + [f"F{MAX_UNITS}", "F10"]
+)
 
 
 @pytest.mark.parametrize("text", ["C32k3-P-C64k5-P-F128-F10", "C8k1-Pavg-F10", MIN_SPEC, MAX_SPEC])

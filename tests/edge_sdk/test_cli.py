@@ -24,8 +24,19 @@ def test_help_lists_every_command(capsys):
     ("args", "match"),
     [
         (["--dataset", "imagenet-22k", "--num-clients", "2", "--alpha", "0.5"], "imagenet-22k"),
-        (["--dataset", "mnist", "--data-root", "/nonexistent/root", "--num-clients", "2", "--alpha", "0.5"],
-         "--download"),
+        (
+            [
+                "--dataset",
+                "mnist",
+                "--data-root",
+                "/nonexistent/root",
+                "--num-clients",
+                "2",
+                "--alpha",
+                "0.5",
+            ],
+            "--download",
+        ),
         (["--dataset", "digits", "--num-clients", "2", "--alpha", "0"], "alpha"),
         (["--dataset", "digits", "--num-clients", "5000", "--alpha", "0.5"], "client"),
     ],
@@ -44,11 +55,33 @@ def test_malformed_profile_is_refused(capsys, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\nmemory_mb = = 3\n')
     data = tmp_path / "parts"
-    assert run(capsys, "partition", "--dataset", "digits", "--num-clients", "2", "--alpha", "1",
-               "--out", str(data))[0] == 0
+    assert (
+        run(
+            capsys,
+            "partition",
+            "--dataset",
+            "digits",
+            "--num-clients",
+            "2",
+            "--alpha",
+            "1",
+            "--out",
+            str(data),
+        )[0]
+        == 0
+    )
     out = tmp_path / "c.bundle"
-    code, _, err = run(capsys, "run", "--data", str(data / "client_00.npz"), "--profile", str(bad),
-                       "--out", str(out), "--quiet")
+    code, _, err = run(
+        capsys,
+        "run",
+        "--data",
+        str(data / "client_00.npz"),
+        "--profile",
+        str(bad),
+        "--out",
+        str(out),
+        "--quiet",
+    )
     assert code == 2
     assert "not valid TOML" in err
     assert not out.exists()
@@ -58,8 +91,20 @@ def test_debug_shows_the_traceback(tmp_path):
     from profiles.errors import ToolkitError
 
     with pytest.raises(ToolkitError):
-        main(["--debug", "partition", "--dataset", "nope", "--num-clients", "2", "--alpha", "1",
-              "--out", str(tmp_path / "p")])
+        main(
+            [
+                "--debug",
+                "partition",
+                "--dataset",
+                "nope",
+                "--num-clients",
+                "2",
+                "--alpha",
+                "1",
+                "--out",
+                str(tmp_path / "p"),
+            ]
+        )
 
 
 def test_profiles_lists_shipped_profiles(capsys):

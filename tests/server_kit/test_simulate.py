@@ -26,17 +26,39 @@ def federation(tmp_path_factory):
 
 def test_results_have_every_field(federation):
     out, results = federation
-    assert set(results) >= {"config", "seed", "clients", "global_accuracy", "mean_client_test_accuracy",
-                            "synthetic_size", "seconds"}
+    assert set(results) >= {
+        "config",
+        "seed",
+        "clients",
+        "global_accuracy",
+        "mean_client_test_accuracy",
+        "synthetic_size",
+        "seconds",
+    }
     assert results["seed"] == 0 and results["config"]["num_clients"] == 3
-    assert [c["profile"] for c in results["clients"]] == ["laptop-cpu", "raspberry-pi-4-4gb", "android-lowend"]
+    assert [c["profile"] for c in results["clients"]] == [
+        "laptop-cpu",
+        "raspberry-pi-4-4gb",
+        "android-lowend",
+    ]
     for client in results["clients"]:
-        assert {"arch", "val_accuracy", "test_accuracy", "flops", "params", "candidate_epochs", "seconds"} <= set(client)
+        assert {
+            "arch",
+            "val_accuracy",
+            "test_accuracy",
+            "flops",
+            "params",
+            "candidate_epochs",
+            "seconds",
+        } <= set(client)
         assert client["candidate_epochs"] > 0
         bundle = read_bundle(out / "clients" / f"client_{client['client']:02d}.bundle")
         assert bundle.arch == client["arch"]
         # every client model respects its device budget
-        assert client["flops"] <= bundle.profile["max_flops"] and client["params"] <= bundle.profile["max_params"]
+        assert (
+            client["flops"] <= bundle.profile["max_flops"]
+            and client["params"] <= bundle.profile["max_params"]
+        )
     assert {"partition", "clients", "server_inversion", "server_distill", "total"} <= set(results["seconds"])
     assert results["synthetic_size"] == 3 * 200
     assert (out / "server" / "global.onnx").is_file() and (out / "server" / "pseudo_images.png").is_file()
@@ -58,8 +80,11 @@ def test_rerun_resumes_finished_clients(federation):
 
 
 def test_profile_assignment(tmp_path):
-    assert assign_profiles(3, ("laptop-cpu", "jetson-nano-4gb"), None) == ["laptop-cpu", "jetson-nano-4gb",
-                                                                            "laptop-cpu"]
+    assert assign_profiles(3, ("laptop-cpu", "jetson-nano-4gb"), None) == [
+        "laptop-cpu",
+        "jetson-nano-4gb",
+        "laptop-cpu",
+    ]
     mapping = tmp_path / "map.toml"
     mapping.write_text('default = "laptop-cpu"\n[clients]\n1 = "raspberry-pi-4-4gb"\n')
     assert assign_profiles(3, (), mapping) == ["laptop-cpu", "raspberry-pi-4-4gb", "laptop-cpu"]
