@@ -13,6 +13,7 @@ would then fail anyway. ``both`` (ours, not the paper's) runs the two in turn: t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -84,7 +85,7 @@ class ClientConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "search": self.search.__dict__ | {},
+            "search": dataclasses.asdict(self.search),
             "val_fraction": self.val_fraction,
             "seed": self.seed,
             "device": self.device,
