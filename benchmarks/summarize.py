@@ -40,7 +40,9 @@ def row(name: str) -> str:
     cand = sum(c["candidate_epochs"] for c in clients)
     server = sum(v for k, v in sec.items() if k.startswith("server_") and k != "server_total")
     return (
-        f"| {name} | {cfg['alpha']} | {cfg['search']['strategy']} | {100 * results['global_accuracy']:.2f} | "
+        f"| {name} | {cfg['alpha']} | {cfg['search']['strategy']} | {'+'.join(cfg['aggregate']['synth'])} "
+        f"({results['synthetic_size']}) | {'hard' if cfg['aggregate']['hard_labels'] else 'consensus'} | "
+        f"{100 * results['global_accuracy']:.2f} | "
         f"{100 * results['mean_client_test_accuracy']:.2f} | {cand} | {sec['clients'] / 60:.1f} | "
         f"{sec.get('server_inversion', 0) / 60:.1f} | {sec.get('server_generator', 0) / 60:.1f} | "
         f"{sec.get('server_distill', 0) / 60:.1f} | {server / 60:.1f} | "
@@ -49,9 +51,10 @@ def row(name: str) -> str:
 
 
 HEADER = (
-    "| row | alpha | strategy | global top-1 % | mean client top-1 % | candidate-epochs (all clients) | "
+    "| row | alpha | strategy | synthesis (size) | labels | global top-1 % | mean client top-1 % | "
+    "candidate-epochs (all clients) | "
     "clients min | inversion min | generator min | distill min | server min | wall min | peak RSS MB |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
