@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from edge_sdk.arch import ChainSpec, build_model, parse_arch
 from edge_sdk.data import ArrayDataset
@@ -264,7 +265,13 @@ def _run(
             weights = label_count_weights([t.bundle.label_counts for t in teachers])
         probs = consensus(modules, synthetic.x, tau=config.distill.tau, class_weights=weights, device=device)
         targets = probs
-    agreement = float((probs.argmax(1) == synthetic.target_class).float().mean())
+    agreement = {
+        # how often the labels name the class an image's soft target was drawn for (bounded well below 1:
+        # ZSKD's targets put most mass on c only about half the time) ...
+        "target_class": float((probs.argmax(1) == synthetic.target_class).float().mean()),
+        # ... and how often they agree with the teacher that made the image (does the image transfer?)
+        "generating_teacher": _generator_agreement(modules, synthetic, probs.argmax(1), device),
+    }
     seconds["consensus"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -330,7 +337,7 @@ def _run(
         "synthetic_sources": sources,
         "generator_loss": generator_losses[:: max(1, len(generator_losses) // 50)],
         "labels": "hard (target class, w/o ZSKD)" if hard else f"consensus ({config.consensus})",
-        "consensus_agrees_with_target": agreement,
+        "label_agreement": agreement,
         "distill_loss": losses,
         "seconds": seconds,
         "outputs": {
@@ -353,6 +360,21 @@ def _run(
         seconds=seconds,
         report=report,
     )
+
+
+@torch.no_grad()
+def _generator_agreement(
+    modules: Sequence[torch.nn.Module], synthetic: SyntheticSet, labels: Tensor, device: torch.device
+) -> float:
+    """Fraction of pseudo-images whose label equals the argmax of the teacher that generated them."""
+    hits = 0
+    for k, module in enumerate(modules):
+        mine = (synthetic.teacher == k).nonzero().flatten()  # indices of teacher k's images
+        for i in range(0, mine.numel(), 512):
+            idx = mine[i : i + 512]
+            own = module(synthetic.x[idx].to(device)).argmax(1).cpu()
+            hits += int((own == labels[idx]).sum())
+    return hits / max(len(synthetic), 1)
 
 
 def _finite_or_none(value: Any) -> float | None:

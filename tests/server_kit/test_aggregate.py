@@ -87,6 +87,7 @@ def test_aggregate_end_to_end(tmp_path, bundles):
     assert report["teachers"][2]["val_accuracy"] == pytest.approx(0.7)
     assert report["skipped"] == []
     assert len(report["distill_loss"]) == 2
+    assert set(report["label_agreement"]) == {"target_class", "generating_teacher"}
     assert 0.0 <= report["accuracy"] <= 1.0 and result.accuracy == report["accuracy"]
     assert len(report["per_class_accuracy"]) == L
 
@@ -128,7 +129,7 @@ def test_label_modes(tmp_path, bundles, overrides):
     expected = "hard" if overrides.get("hard_labels") else "consensus (label-weighted)"
     assert result.report["labels"].startswith(expected)
     if overrides.get("hard_labels"):  # trained on the target classes themselves
-        assert result.report["consensus_agrees_with_target"] == 1.0
+        assert result.report["label_agreement"]["target_class"] == 1.0
 
 
 @pytest.mark.parametrize(
