@@ -271,12 +271,12 @@ def _version() -> str:
     return __version__
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="edge-sdk",
-        description="Edge SDK: profile the device, search/train a model under its budget, export ONNX, "
-        "write a bundle.",
-    )
+def root_parser(prog: str, description: str):  # -> (parser, command)
+    """The top-level parser of a CLI and a ``command(name, func, help)`` that adds one sub-command.
+
+    Shared by `edge-sdk` and `server-kit` so both get ``--version``, ``--debug`` and the same dispatch.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     add_common(parser, top=True)
     sub = parser.add_subparsers(title="commands")
@@ -288,6 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
         add_common(p)
         p.set_defaults(func=func)
         return p
+
+    return parser, command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser, command = root_parser(
+        "edge-sdk",
+        "Edge SDK: profile the device, search/train a model under its budget, export ONNX, write a bundle.",
+    )
 
     p = command(
         "partition", cmd_partition, "Dirichlet label-skew partition of a dataset into client .npz files"

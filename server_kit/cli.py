@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from edge_sdk.cli import add_common, add_search_args, cli_main, overrides, print_json, search_config
+from edge_sdk.cli import add_search_args, cli_main, overrides, print_json, root_parser, search_config
 
 __all__ = ["main"]
 
@@ -145,23 +145,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from edge_sdk import __version__
-
-    parser = argparse.ArgumentParser(
-        prog="server-kit",
-        description="Server toolkit: turn client bundles into a global model without any real data.",
+    parser, command = root_parser(
+        "server-kit", "Server toolkit: turn client bundles into a global model without any real data."
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    add_common(parser, top=True)
-    sub = parser.add_subparsers(title="commands")
-
-    def command(
-        name: str, func: Callable[[argparse.Namespace], None], help_text: str
-    ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        add_common(p)
-        p.set_defaults(func=func)
-        return p
 
     p = command(
         "aggregate", cmd_aggregate, "invert the teachers, distill a global student, write global.onnx"
