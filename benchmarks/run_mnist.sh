@@ -3,9 +3,10 @@
 #
 #   benchmarks/run_mnist.sh ROW [extra simulate options]
 #
-# ROW is one of: pso-a0.1 pso-a0.3 pso-a0.5 fixed-a0.5 randompool-a0.5, the server-only rows that reuse
-# another row's clients (nozskd-a0.5, generator-a0.5, pooled-a0.5, labelweighted-a0.5, generator-a0.1,
-# pooled-a0.1), or any name with your own options (REUSE=ROW to reuse that row's clients).
+# ROW is one of: pso-a0.1 pso-a0.3 pso-a0.5 fixed-a0.5 randompool-a0.5, fedmho-md-a{0.1,0.3,0.5} (5 classifier
+# + 5 CVAE clients), the server-only rows that reuse another row's clients (nozskd-a0.5, generator-a0.5,
+# pooled-a0.5, labelweighted-a0.5, inversion-a0.1, pooled-a0.1, fedmho-{ce,sd,pooled}-a0.5), or any name with
+# your own options (REUSE=ROW to reuse that row's clients).
 # The run directory is runs/bench/ROW (rerun to resume); the raw outputs worth keeping (results.json,
 # the server report, the /usr/bin/time log, the pseudo-image grid) are copied to benchmarks/results/ROW/.
 # Environment: DATA_ROOT (default ../shared/datasets), JOBS (default 2).
@@ -22,7 +23,9 @@ case "$row" in
   pso-a0.1) opts=(--alpha 0.1) ;;
   pso-a0.3) opts=(--alpha 0.3) ;;
   pso-a0.5) opts=(--alpha 0.5) ;;
-  fixed-a0.5) opts=(--alpha 0.5 --strategy fixed --fixed-arch C32k5-P-C64k5-P-F10) ;;
+  # every client on laptop-cpu: CNN1 (21 MFLOPs) does not fit the Raspberry Pi budget (10 MFLOPs), whose
+  # clients would otherwise train a CVAE instead (role auto)
+  fixed-a0.5) opts=(--alpha 0.5 --strategy fixed --fixed-arch C32k5-P-C64k5-P-F10); PROFILES=laptop-cpu ;;
   randompool-a0.5) opts=(--alpha 0.5 --strategy random-pool) ;;
   # Server-only rows reuse the clients of pso-a0.5 (copied, so only the server differs):
   nozskd-a0.5) opts=(--alpha 0.5 --hard-labels); reuse=pso-a0.5 ;;          # Table 5: w/o ZSKD
@@ -30,7 +33,18 @@ case "$row" in
   pooled-a0.5) opts=(--alpha 0.5 --synth inversion,generator); reuse=pso-a0.5 ;;
   labelweighted-a0.5) opts=(--alpha 0.5 --consensus label-weighted); reuse=pso-a0.5 ;;
   generator-a0.1) opts=(--alpha 0.1 --synth generator); reuse=pso-a0.1 ;;
+  inversion-a0.1) opts=(--alpha 0.1 --synth inversion --samples-per-teacher 200 --bn-weight 1); reuse=pso-a0.1 ;;
   pooled-a0.1) opts=(--alpha 0.1 --synth inversion,generator); reuse=pso-a0.1 ;;
+  # FedMHO: classifier and CVAE devices alternate; decoders sampled (6,000), filtered (R_th 0.8), fused
+  fedmho-md-a0.1|fedmho-md-a0.3|fedmho-md-a0.5)
+    opts=(--alpha "${row##*-a}" --synth decoder --fusion md --cvae-preset mnist); PROFILES=laptop-cpu,wearable ;;
+  fedmho-ce-a0.5|fedmho-sd-a0.5)
+    mode=${row#fedmho-}; mode=${mode%%-*}
+    opts=(--alpha 0.5 --synth decoder --fusion "$mode" --cvae-preset mnist); PROFILES=laptop-cpu,wearable
+    reuse=fedmho-md-a0.5 ;;
+  fedmho-pooled-a0.5)  # inversion + decoder samples, consensus labels of the classifier teachers
+    opts=(--alpha 0.5 --synth inversion,decoder --cvae-preset mnist); PROFILES=laptop-cpu,wearable
+    reuse=fedmho-md-a0.5 ;;
   *) opts=() ;;
 esac
 reuse=${REUSE:-${reuse:-}}

@@ -92,6 +92,10 @@ def add_cvae_args(p: argparse.ArgumentParser) -> None:
         help="auto (default: the profile's hint; cvae when no classifier fits), classifier, cvae, or both "
         "(classifier bundle at --out, decoder bundle at --out with suffix .decoder.bundle)",
     )
+    add_cvae_knobs(p)
+
+
+def add_cvae_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cvae-preset", default="fast", help="CVAE preset: fast (default) or a dataset name")
     p.add_argument("--cvae-model", choices=["cvae-small", "cvae-large"], help="CVAE architecture")
     p.add_argument("--latent-dim", type=int, help="CVAE latent size z")
@@ -265,6 +269,32 @@ def cmd_inspect(args: argparse.Namespace) -> None:
         print(f"wrote {args.extract_onnx}", file=sys.stderr)
 
 
+def cmd_personalize(args: argparse.Namespace) -> None:
+    from edge_sdk.personalize import PersonalizeConfig, personalize
+    from export.bundle import read_bundle
+    from export.package import read_package
+
+    knobs = overrides(args, ["epochs", "lr", "batch_size", "lam", "tau", "alpha_lr", "kdg_terms", "seed"])
+    config = PersonalizeConfig(
+        method=args.method, val_fraction=args.val_fraction, device=args.device, **knobs
+    )
+    result = personalize(
+        load_data(args),
+        read_bundle(args.model),
+        read_package(args.package),
+        args.out,
+        config=config,
+        progress=not args.quiet,
+    )
+    r = result.report
+    print(
+        f"{r['method']}: val accuracy fp32 {r['val_accuracy']['fp32']:.4f}, "
+        f"int8 {r['val_accuracy']['int8']:.4f} "
+        f"(before: own {r['val_accuracy_before']['own_model']:.4f}, global "
+        f"{r['val_accuracy_before']['global_model']:.4f}); kept {result.kept}: wrote {result.deploy_onnx}"
+    )
+
+
 def _version() -> str:
     from edge_sdk import __version__
 
@@ -357,6 +387,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="bundle file to write")
     add_search_args(p)
     add_cvae_args(p)
+
+    p = command(
+        "personalize",
+        cmd_personalize,
+        "personalise this device's model with the server's package; export fp32 and int8 ONNX",
+    )
+    data_args(p, seed=False)
+    p.add_argument("--model", required=True, help="this device's bundle from `edge-sdk run`")
+    p.add_argument("--package", required=True, help="the package `server-kit personalize` wrote for it")
+    p.add_argument("--method", default="pkt", choices=["pkt", "kdg", "finetune"])
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--lr", type=float, help="SGD learning rate (momentum 0.9)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lam", type=float, help="PKT distillation weight lambda")
+    p.add_argument("--tau", type=float, help="PKT regulariser tau (alpha toward 1)")
+    p.add_argument("--alpha-lr", type=float, help="PKT learning rate of alpha")
+    p.add_argument("--kdg-terms", help="comma list of pre,dis,lat,tea,disg (default: all)")
+    p.add_argument("--seed", type=int, help="default: the bundle's seed (the split of `edge-sdk run`)")
 
     p = command("inspect", cmd_inspect, "print a bundle's manifest (and optionally extract its ONNX)")
     p.add_argument("file")

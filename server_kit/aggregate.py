@@ -2,12 +2,15 @@
 
 One call runs pFedZKD's server side (Algorithms 3 and 4) and leaves everything needed to audit it in
 ``out_dir``: ``global.onnx`` (validated, parity-checked), ``report.json`` (config, per-phase seconds,
-teachers, skipped bundles, loss curve, accuracy), ``pseudo_images.png`` and ``synthetic/`` (the inversion
-chunks, so a killed run resumes where it stopped). ``server-kit aggregate`` is a thin CLI over it.
+teachers, skipped bundles, loss curve, accuracy), ``pseudo_images.png``, ``synthetic.npz`` (the
+distillation set, reused by ``server-kit personalize``), ``synthetic/`` (the inversion chunks, so a killed
+run resumes where it stopped) and ``generator/`` (the trained generator as ONNX). ``server-kit aggregate``
+is a thin CLI over it.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import time
 from collections.abc import Sequence
@@ -15,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -23,15 +27,27 @@ from edge_sdk.arch import ChainSpec, build_model, parse_arch
 from edge_sdk.data import ArrayDataset
 from edge_sdk.train import seeded
 from export.atomic import atomic_write_bytes, atomic_write_json
+from export.bundle import read_bundle
 from export.onnx_export import export_onnx
 from profiles.errors import ConfigError, DataError, SpecError
+from server_kit.decoders import filter_by_centroid, load_decoder, sample_decoders
 from server_kit.distill import DistillConfig, consensus, distill, label_count_weights
+from server_kit.fedavg import fedavg_init
+from server_kit.fusion import FusionConfig, fuse
 from server_kit.generator import GeneratorConfig, synthesize_generator
 from server_kit.grid import write_grid
 from server_kit.inversion import InversionConfig, SyntheticSet, synthesize_inversion
 from server_kit.teachers import load_teachers
 
-__all__ = ["DEFAULT_STUDENT", "AggregateConfig", "AggregateResult", "aggregate"]
+__all__ = [
+    "DEFAULT_STUDENT",
+    "SYNTHETIC_FILE",
+    "AggregateConfig",
+    "AggregateResult",
+    "aggregate",
+    "load_synthetic",
+    "save_synthetic",
+]
 
 # A small CNN (0.42 M parameters, 8.5 MFLOPs at 28x28): big enough to absorb ten MNIST teachers,
 # small enough to distill in about a minute on two CPU cores. The head is resized to the task's classes.
@@ -43,7 +59,8 @@ _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0),
 }
 _CONSENSUS = ("mean", "label-weighted")
-SYNTH_SOURCES = ("inversion", "generator")
+SYNTH_SOURCES = ("inversion", "generator", "decoder")
+SYNTHETIC_FILE = "synthetic.npz"  # the distillation set, kept for personalization (server-kit personalize)
 
 
 def _fast_inversion() -> InversionConfig:
@@ -62,6 +79,13 @@ class AggregateConfig:
     target class with cross entropy, no multi-teacher fusion (``distill.hard_labels`` does the same).
     ``consensus="label-weighted"`` weights each teacher's vote for class c by its share of the
     federation's examples of c (from the bundles' label counts). ``device="auto"`` picks CUDA when present.
+
+    FedMHO: the ``decoder`` source samples ``decoder_samples`` images from the ``cvae_decoder`` bundles
+    (labels drawn from each client's label counts) and keeps the ``decoder_keep`` fraction nearest each
+    class centroid. With ``fusion`` set, the global model is not distilled by consensus alone: it is
+    initialised by FedAvg of the classifier teachers when they share one architecture
+    (``fedavg_init``), else by consensus distillation of ``student`` on the whole synthetic set, and then
+    trained on the filtered decoder samples with the FedMHO loss of ``fusion.mode`` (ce, md or sd).
     """
 
     student: str = DEFAULT_STUDENT
@@ -69,9 +93,15 @@ class AggregateConfig:
     seed: int = 0
     inversion: InversionConfig = field(default_factory=_fast_inversion)
     distill: DistillConfig = field(default_factory=_fast_distill)
-    synth: tuple[str, ...] = ("inversion",)  # pooled synthesis sources, any of SYNTH_SOURCES
+    # pooled synthesis sources, any of SYNTH_SOURCES; the generator distilled 5 points better than
+    # inversion on MNIST alpha 0.5 (benchmarks/RESULTS.md), so it is the default
+    synth: tuple[str, ...] = ("generator",)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig.preset)
     consensus: str = "mean"
+    decoder_samples: int = 6000  # FedMHO's synthetic budget (12,000 for EMNIST)
+    decoder_keep: float = 0.8  # R_th of the centroid filter
+    fusion: FusionConfig | None = None
+    fedavg_init: bool = True
     hard_labels: bool = False
     on_error: str = "stop"
     threads: int | None = None
@@ -98,6 +128,20 @@ class AggregateConfig:
             raise ConfigError(f"inversion must be an InversionConfig, got {type(self.inversion).__name__}")
         if not isinstance(self.distill, DistillConfig):
             raise ConfigError(f"distill must be a DistillConfig, got {type(self.distill).__name__}")
+        if (
+            isinstance(self.decoder_samples, bool)
+            or not isinstance(self.decoder_samples, int)
+            or (self.decoder_samples < 1)
+        ):
+            raise ConfigError(f"decoder_samples must be a positive integer, got {self.decoder_samples!r}")
+        if not isinstance(self.decoder_keep, int | float) or not 0 < self.decoder_keep <= 1:
+            raise ConfigError(f"decoder_keep must be in (0, 1], got {self.decoder_keep!r}")
+        if self.fusion is not None and not isinstance(self.fusion, FusionConfig):
+            raise ConfigError(f"fusion must be None or a FusionConfig, got {type(self.fusion).__name__}")
+        if self.fusion is not None and "decoder" not in self.synth:
+            raise ConfigError("FedMHO fusion trains on decoder samples: add 'decoder' to synth")
+        if self.fusion is not None and self.use_hard_labels:
+            raise ConfigError("fusion and hard_labels are two different server methods; pick one")
         if self.consensus not in _CONSENSUS:
             raise ConfigError(f"consensus must be one of {list(_CONSENSUS)}, got {self.consensus!r}")
         if not isinstance(self.hard_labels, bool):
@@ -133,6 +177,7 @@ class AggregateConfig:
         out["inversion"] = self.inversion.to_dict()
         out["generator"] = self.generator.to_dict()
         out["synth"] = list(self.synth)
+        out["fusion"] = None if self.fusion is None else self.fusion.to_dict()
         return out
 
 
@@ -201,7 +246,8 @@ def _run(
     wall = time.perf_counter()
 
     t0 = time.perf_counter()
-    teachers, skipped = load_teachers(bundle_paths, on_error=config.on_error, device=device)
+    classifier_paths, decoder_bundles = _split_kinds(bundle_paths)
+    teachers, skipped = load_teachers(classifier_paths, on_error=config.on_error, device=device)
     modules = [t.module for t in teachers]
     num_classes = teachers[0].bundle.num_classes
     input_shape = tuple(teachers[0].bundle.input_shape)
@@ -231,6 +277,16 @@ def _run(
         parts.append(part)
         sources["inversion"] = len(part)
         seconds["inversion"] = time.perf_counter() - t0
+    decoder_part: SyntheticSet | None = None
+    decoder_report: dict[str, Any] | None = None
+    if "decoder" in config.synth:
+        t0 = time.perf_counter()
+        decoder_part, decoder_report = _decoder_samples(
+            decoder_bundles, num_classes, input_shape, config, out
+        )
+        parts.append(decoder_part)
+        sources["decoder"] = len(decoder_part)
+        seconds["decoder"] = time.perf_counter() - t0
     generator_losses: list[dict[str, float]] = []
     if "generator" in config.synth:
         t0 = time.perf_counter()
@@ -254,6 +310,8 @@ def _run(
         target_class=torch.cat([p.target_class for p in parts]),
     )
 
+    save_synthetic(out / SYNTHETIC_FILE, synthetic)
+
     t0 = time.perf_counter()
     hard = config.use_hard_labels
     if hard:  # "w/o ZSKD": no fusion, the generating teacher's target class is the label
@@ -276,18 +334,39 @@ def _run(
 
     t0 = time.perf_counter()
     spec = _student_spec(config.student, num_classes)
-    with seeded(config.seed):  # weight init draws from the global RNG: scope and seed it
-        student = build_model(spec, input_shape, num_classes)  # type: ignore[arg-type]
-    losses = distill(
-        student,
-        synthetic.x,
-        targets,
-        config=replace(config.distill, hard_labels=hard),
-        seed=config.seed,
-        device=device,
-        progress=progress,
-    )
+    init = "consensus-distillation"
+    student = fedavg_init(teachers) if config.fusion is not None and config.fedavg_init else None
+    losses: list[float] = []
+    if student is not None:  # FedMHO Eq. 4: same-architecture classifiers are averaged
+        init, spec = "fedavg", teachers[0].bundle.arch
+    else:
+        with seeded(config.seed):  # weight init draws from the global RNG: scope and seed it
+            student = build_model(spec, input_shape, num_classes)  # type: ignore[arg-type]
+        losses = distill(
+            student,
+            synthetic.x,
+            targets,
+            config=replace(config.distill, hard_labels=hard),
+            seed=config.seed,
+            device=device,
+            progress=progress,
+        )
     seconds["distill"] = time.perf_counter() - t0
+    fusion_losses: list[float] = []
+    if config.fusion is not None:
+        assert decoder_part is not None
+        t0 = time.perf_counter()
+        fusion_losses = fuse(
+            student,
+            decoder_part.x,
+            decoder_part.target_class,
+            config=config.fusion,
+            teachers=modules,
+            seed=config.seed,
+            device=device,
+            progress=progress,
+        )
+        seconds["fusion"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     student = student.cpu().eval()
@@ -337,13 +416,17 @@ def _run(
         "synthetic_sources": sources,
         "generator_loss": generator_losses[:: max(1, len(generator_losses) // 50)],
         "labels": "hard (target class, w/o ZSKD)" if hard else f"consensus ({config.consensus})",
+        "training": "consensus distillation" if config.fusion is None else f"FedMHO-{config.fusion.mode}",
+        "init": init,
+        "fusion_loss": fusion_losses,
+        "decoders": decoder_report,
         "label_agreement": agreement,
         "distill_loss": losses,
         "seconds": seconds,
         "outputs": {
             "global_onnx": global_onnx.name,
             "pseudo_images": grid_path.name,
-            "synthetic": "synthetic/",
+            "synthetic": SYNTHETIC_FILE,
         },
         "accuracy": None if evaluation is None else evaluation["accuracy"],
         "per_class_accuracy": None if evaluation is None else evaluation["per_class_accuracy"],
@@ -359,6 +442,96 @@ def _run(
         synthetic_size=len(synthetic),
         seconds=seconds,
         report=report,
+    )
+
+
+def _split_kinds(paths: Sequence[str | Path]) -> tuple[list[str | Path], list[tuple[Path, Any]]]:
+    """Classifier bundle paths (teachers) and the (path, Bundle) pairs of the cvae_decoder bundles.
+
+    Unreadable files go with the classifiers, so the teacher loader reports them by its on_error rule.
+    """
+    from profiles.errors import BundleError
+
+    classifiers: list[str | Path] = []
+    decoders: list[tuple[Path, Any]] = []
+    for path in paths:
+        try:
+            bundle = read_bundle(path)
+        except BundleError:
+            classifiers.append(path)
+            continue
+        if bundle.kind == "cvae_decoder":
+            decoders.append((Path(path), bundle))
+        else:
+            classifiers.append(path)
+    return classifiers, decoders
+
+
+def _decoder_samples(
+    decoder_bundles: list[tuple[Path, Any]],
+    num_classes: int,
+    input_shape: tuple[int, ...],
+    config: AggregateConfig,
+    out: Path,
+) -> tuple[SyntheticSet, dict[str, Any]]:
+    """FedMHO decoder sampling + centroid filter; writes the per-class grids before and after the filter."""
+    if not decoder_bundles:
+        raise ConfigError("synth 'decoder' needs cvae_decoder bundles among the inputs, got none")
+    bad = [str(p) for p, b in decoder_bundles if b.num_classes != num_classes or b.input_shape != input_shape]
+    if bad:
+        raise DataError(
+            f"decoder bundles {bad} do not match the teachers' {num_classes} classes of {input_shape}"
+        )
+    device = _device(config.device)
+    decoders = [load_decoder(b, device=device) for _, b in decoder_bundles]
+    x, y = sample_decoders(
+        decoders,
+        [b.label_counts for _, b in decoder_bundles],
+        total=config.decoder_samples,
+        num_classes=num_classes,
+        seed=config.seed,
+        device=device,
+    )
+    mask = filter_by_centroid(x, y, keep=config.decoder_keep)
+    write_grid(out / "decoder_samples.png", x, F.one_hot(y, num_classes).float())
+    write_grid(out / "decoder_samples_filtered.png", x[mask], F.one_hot(y[mask], num_classes).float())
+    part = SyntheticSet(x=x[mask], teacher=torch.full((int(mask.sum()),), -1), target_class=y[mask])
+    report = {
+        "bundles": [str(p) for p, _ in decoder_bundles],
+        "sampled": len(y),
+        "kept": int(mask.sum()),
+        "grids": ["decoder_samples.png", "decoder_samples_filtered.png"],
+    }
+    return part, report
+
+
+def save_synthetic(path: Path, synthetic: SyntheticSet) -> Path:
+    """Write the synthetic set as uint8 images (what a package ships) plus its provenance columns."""
+    buf = io.BytesIO()
+    np.savez_compressed(
+        buf,
+        x=(synthetic.x.clamp(0, 1) * 255).round().to(torch.uint8).numpy(),
+        teacher=synthetic.teacher.numpy(),
+        target_class=synthetic.target_class.numpy(),
+    )
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def load_synthetic(path: str | Path) -> SyntheticSet:
+    """Inverse of :func:`save_synthetic`; images come back as float32 in [0, 1] (multiples of 1/255)."""
+    try:
+        with np.load(Path(path)) as data:
+            x, teacher, target = data["x"], data["teacher"], data["target_class"]
+    except (OSError, KeyError, ValueError) as err:
+        raise DataError(
+            f"{path} is not a synthetic set written by server-kit aggregate ({err}); rerun aggregate"
+        ) from err
+    if x.dtype != np.uint8 or x.ndim != 4 or not len(x) == len(teacher) == len(target):
+        raise DataError(f"{path}: expected uint8 N x C x H x W images with N labels, got {x.dtype} {x.shape}")
+    return SyntheticSet(
+        x=torch.from_numpy(x).float().div_(255.0),
+        teacher=torch.from_numpy(teacher).long(),
+        target_class=torch.from_numpy(target).long(),
     )
 
 

@@ -7,7 +7,16 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from edge_sdk.cli import add_search_args, cli_main, overrides, print_json, root_parser, search_config
+from edge_sdk.cli import (
+    add_cvae_knobs,
+    add_search_args,
+    cli_main,
+    cvae_config,
+    overrides,
+    print_json,
+    root_parser,
+    search_config,
+)
 
 __all__ = ["main"]
 
@@ -41,7 +50,29 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--server-preset", default="fast", help="aggregation preset: fast (default) or paper")
     g.add_argument("--student", help="student architecture spec (any edge-sdk spec)")
     g.add_argument(
-        "--synth", help="synthesis sources, pooled: inversion (default), generator, inversion,generator"
+        "--synth",
+        help="synthesis sources, pooled: generator (default), inversion, decoder (FedMHO); "
+        "e.g. inversion,decoder",
+    )
+    g.add_argument("--decoder-samples", type=int, help="images decoded from the CVAE decoders (paper: 6000)")
+    g.add_argument("--decoder-keep", type=float, help="fraction kept nearest each class centroid (R_th 0.8)")
+    g.add_argument(
+        "--fusion",
+        choices=["ce", "md", "sd"],
+        help="FedMHO: init (FedAvg or consensus distillation), then train on decoder samples with this loss",
+    )
+    g.add_argument(
+        "--fusion-preset", default="mnist", help="FedMHO Table 3 settings: mnist, fashionmnist, ..."
+    )
+    g.add_argument("--fusion-epochs", type=int)
+    g.add_argument("--fusion-lr", type=float)
+    g.add_argument("--fusion-lambda", type=float, help="CE weight of FedMHO-MD/SD (default 0.5)")
+    g.add_argument(
+        "--no-fedavg-init",
+        dest="fedavg_init",
+        action="store_false",
+        default=None,
+        help="FedMHO: initialise by consensus distillation even when the classifiers share one architecture",
     )
     g.add_argument("--generator-steps", type=int, help="generator training steps")
     g.add_argument("--generator-samples", type=int, help="samples drawn from the trained generator")
@@ -92,7 +123,15 @@ def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateCon
         base.generator,
         **{f: getattr(args, a) for a, f in GENERATOR_KNOBS.items() if getattr(args, a) is not None},
     )
-    top = overrides(args, ["student", "synth", "consensus", "hard_labels", "on_error", "threads"])
+    names = ["student", "synth", "consensus", "hard_labels", "on_error", "threads"]
+    top = overrides(args, [*names, "decoder_samples", "decoder_keep", "fedavg_init"])
+    if args.fusion is not None:
+        from server_kit.fusion import FusionConfig
+
+        knobs = {"epochs": args.fusion_epochs, "lr": args.fusion_lr, "lam": args.fusion_lambda}
+        top["fusion"] = FusionConfig.preset(
+            args.fusion_preset, mode=args.fusion, **{k: v for k, v in knobs.items() if v is not None}
+        )
     if args.server_device is not None:
         top["device"] = args.server_device
     return dataclasses.replace(base, inversion=inv, generator=gen, distill=dis, seed=seed, **top)
@@ -129,6 +168,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         profiles=tuple(p for p in args.profiles.split(",") if p) if args.profiles else (),
         profile_map=Path(args.profile_map) if args.profile_map else None,
         search=search_config(args),
+        cvae=cvae_config(args),
         aggregate=aggregate_config(args, seed=args.seed),
         val_fraction=args.val_fraction,
         min_size=args.min_size,
@@ -139,9 +179,19 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     results = simulate(config)
     print(
         f"global accuracy {results['global_accuracy']:.4f} "
-        f"(mean client {results['mean_client_test_accuracy']:.4f}) "
+        f"(mean classifier client {results['mean_client_test_accuracy'] or float('nan'):.4f}) "
         f"in {results['seconds']['total']:.0f} s; wrote {config.out_dir / 'results.json'}"
     )
+
+
+def cmd_personalize(args: argparse.Namespace) -> None:
+    from server_kit.personalize import PKEConfig, personalize_server
+
+    knobs = overrides(args, ["epochs", "lr", "batch_size", "mu", "max_inputs", "seed", "device"])
+    result = personalize_server(
+        args.bundles, args.aggregate, args.out, config=PKEConfig(**knobs), progress=not args.quiet
+    )
+    print(f"wrote {len(result.packages)} packages and {result.report_path}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,7 +230,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="client training device")
     p.add_argument("--quiet", action="store_true")
     add_search_args(p)
+    add_cvae_knobs(p)
     add_aggregate_args(p)
+
+    p = command(
+        "personalize",
+        cmd_personalize,
+        "FedPD PKE on the aggregation's synthetic set: one personalization package per client",
+    )
+    p.add_argument("bundles", nargs="+", help="the client bundles that were aggregated")
+    p.add_argument("--aggregate", required=True, help="the `server-kit aggregate` output directory")
+    p.add_argument("--out", required=True, help="directory for <client>.package files")
+    p.add_argument("--epochs", type=int, help="server-model epochs (default 5)")
+    p.add_argument("--lr", type=float, help="server-model Adam learning rate (default 1e-3)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--mu", type=float, help="proximal weight to the mean extractor (default 0.6)")
+    p.add_argument("--max-inputs", type=int, help="distillation inputs per package (default 2000)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device", help="cpu or cuda")
+    p.add_argument("--quiet", action="store_true")
     return parser
 
 

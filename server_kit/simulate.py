@@ -1,5 +1,9 @@
 """A whole one-shot federation in one call: partition -> every client as a device -> aggregate -> evaluate.
 
+Each client's role follows its profile (``edge-sdk run --role auto``): classifier profiles search and
+train a classifier, ``cvae`` profiles (FedMHO's constrained devices) train a CVAE and upload its decoder,
+so one run can mix both; aggregate the decoders with ``synth`` containing ``decoder``.
+
 Clients run through `edge_sdk.client.run_client` (the code path of `edge-sdk run`) and the server through
 `server_kit.aggregate.aggregate` (the code path of `server-kit aggregate`), so a simulation measures the
 real toolkit. Finished client bundles are reused, so a killed simulation resumes where it stopped.
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.cvae import CVAEConfig
 from edge_sdk.search import SearchConfig
 from export.atomic import atomic_write_json
 from profiles import load_profile
@@ -43,6 +48,7 @@ class SimulateConfig:
     profiles: tuple[str, ...] = ("laptop-cpu",)
     profile_map: Path | None = None
     search: SearchConfig = field(default_factory=SearchConfig)
+    cvae: CVAEConfig = field(default_factory=CVAEConfig)  # clients whose profile role is cvae (FedMHO)
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     val_fraction: float = 0.2
     min_size: int = 10
@@ -91,12 +97,7 @@ def assign_profiles(num_clients: int, profiles: tuple[str, ...], profile_map: Pa
     if missing:
         raise ConfigError(f"clients {missing} have no profile; add a 'default' to the profile map")
     for name in sorted(set(names)):
-        profile = load_profile(name)  # validates early: a bad name fails before any training
-        if profile.role != "classifier":
-            raise ConfigError(
-                f"profile {name!r} has role {profile.role!r}; simulate runs classifier clients only, "
-                "pick classifier profiles"
-            )
+        load_profile(name)  # validates early: a bad name fails before any training
     return names
 
 
@@ -112,6 +113,7 @@ def _run_one(
     bundle_path: str,
     profile_name: str,
     search: SearchConfig,
+    cvae: CVAEConfig,
     seed: int,
     val_fraction: float,
     device: str,
@@ -122,7 +124,7 @@ def _run_one(
     from edge_sdk.data import load_client_data
 
     config = ClientConfig(
-        search=search, val_fraction=val_fraction, seed=seed, device=device, progress=progress
+        search=search, cvae=cvae, val_fraction=val_fraction, seed=seed, device=device, progress=progress
     )
     result = run_client(
         load_client_data(data_path), profile=load_profile(profile_name), config=config, out=bundle_path
@@ -201,6 +203,7 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
             str(bundles[k]),
             names[k],
             config.search,
+            config.cvae,
             config.seed + k,
             config.val_fraction,
             config.device,
@@ -237,25 +240,36 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
         bundle = read_bundle(path)
         report = json.loads(path.with_name(path.name + ".report.json").read_text(encoding="utf-8"))
         m = bundle.metrics
-        clients.append(
-            {
-                "client": k,
-                "profile": names[k],
-                "arch": bundle.arch,
-                "num_examples": bundle.num_examples,
-                "label_counts": list(bundle.label_counts),
+        row: dict[str, Any] = {
+            "client": k,
+            "profile": names[k],
+            "kind": bundle.kind,
+            "arch": bundle.arch,
+            "num_examples": bundle.num_examples,
+            "label_counts": list(bundle.label_counts),
+            "seconds": report["seconds"],
+        }
+        if bundle.kind == "classifier":
+            row |= {
                 "val_accuracy": m["val_accuracy"],
                 "test_accuracy": evaluate_onnx(bundle.model_onnx, test)["accuracy"],
                 "flops": m["flops"],
                 "params": m["params"],
                 "candidate_epochs": m["candidate_epochs"],
-                "seconds": report["seconds"],
             }
-        )
+        else:  # a CVAE client (FedMHO): its decoder has no accuracy of its own
+            row |= {
+                "val_loss": m.get("val_loss"),
+                "flops": m.get("decoder_flops"),
+                "params": m.get("decoder_params"),
+                "candidate_epochs": 0,
+            }
+        clients.append(row)
     seconds["evaluate_clients"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - wall
 
-    mean_client = sum(c["test_accuracy"] for c in clients) / len(clients)
+    scored = [c["test_accuracy"] for c in clients if "test_accuracy" in c]
+    mean_client = sum(scored) / len(scored) if scored else None
     results = {
         "config": config.to_dict(),
         "seed": config.seed,

@@ -55,6 +55,7 @@ def tiny_config(**overrides) -> AggregateConfig:
         student="C4k3-P-F16-F10",  # head written for 10 classes: resized to the task's 3
         device="cpu",
         seed=3,
+        synth=("inversion",),
         inversion=InversionConfig(samples_per_teacher=12, steps=3, batch_size=8, lr=0.1, tau=2.0),
         distill=DistillConfig(epochs=2, batch_size=8),
     )

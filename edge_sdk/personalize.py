@@ -1,0 +1,450 @@
+"""On-device personalization after aggregation, and the deployable (fp32 / int8) export.
+
+The device holds its own trained model (the ONNX inside its bundle: code-free, weights reload exactly)
+and its data; the server's package (``export.package``) brings the global model, the distillation
+inputs with the personalised server knowledge Z_n^s (FedPD PKE) and, when trained, the global generator.
+Three methods:
+
+* ``finetune`` starts from the global model and trains on local data (the baseline every user tries).
+* ``pkt`` is FedPD's partial knowledge transfer (Eq. 1-4): the device's own model minimises
+  CE(local data) + lambda * L_D, where L_D = mean_i alpha_i * L1(f(x_i), z_i^s) + tau/2 ||alpha - 1||^2.
+  alpha and the weights are updated alternately, one step each per batch: alpha by a gradient step on
+  L_D with the weights fixed (:func:`update_alpha`), then the weights with alpha fixed. A sample the
+  model disagrees with (large L1) gets alpha below 1; the regulariser pulls alpha back toward 1. alpha is
+  kept >= 0 (a negative weight would reward moving away from the knowledge).
+* ``kdg`` is FedKDG's local objective (section 3.3), each term switchable:
+  ``pre`` CE on real data; ``dis`` KL to the global model on real data; ``lat`` the latent constraint:
+  the local prediction on real sample i is matched to the global prediction on a global-generator sample
+  of the same label; ``tea`` CE of the local model on those generated samples with their labels;
+  ``disg`` generative distillation on P_A = softmax((P_l W_l)(P_g W_g)^T / sqrt(d)) P_g + P_g, the
+  global-local cross-attention of global-generator samples P_g and local-generator samples P_l for the
+  same uniformly drawn labels (W_l, W_g learnt with the model). The local generator (a small MLP,
+  FedMHO's CVAE decoder layout) is first trained against the frozen local model with CE plus a
+  mode-seeking diversity term. FedKDG's local noise filter is not applied.
+
+The result is exported twice: fp32 ONNX with BatchNorm folded, and int8 static QDQ quantized with
+onnxruntime, calibrated on local images. int8 is kept only when its local validation accuracy is within
+``int8_tolerance`` of fp32; the report says which was kept, with sizes and onnxruntime latencies.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from edge_sdk.arch import build_model
+from edge_sdk.cvae import build_cvae
+from edge_sdk.data import ArrayDataset, split_train_val
+from edge_sdk.train import evaluate, seeded, to_float
+from export.atomic import atomic_write_bytes, atomic_write_json
+from export.bundle import Bundle
+from export.onnx_export import INPUT_NAME, export_onnx, onnx_session
+from export.package import Package
+from export.quantize import latency_ms, quantize_int8
+from export.weights import initializer_state_dict
+from profiles.errors import ConfigError, DataError
+
+__all__ = [
+    "KDG_TERMS",
+    "METHODS",
+    "PersonalizeConfig",
+    "PersonalizeResult",
+    "personalize",
+    "pkt_loss",
+    "update_alpha",
+]
+
+METHODS = ("finetune", "pkt", "kdg")
+KDG_TERMS = ("pre", "dis", "lat", "tea", "disg")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PersonalizeConfig:
+    """Knobs of :func:`personalize`.
+
+    SGD with momentum as FedPD's clients (lr 0.01 for (E)MNIST); batch 64 and 2 epochs keep a 3 M
+    parameter model within minutes on a 2-core CPU (FedPD: batch 20, 5 local epochs per round).
+    ``tau`` 0.5 and ``alpha_lr`` 0.05 are FedPD's best values (Tables 7, 12); FedPD does not give
+    lambda, 1.0 here. ``seed`` None uses the bundle's seed, so the train/validation split is the one
+    ``edge-sdk run`` used.
+    """
+
+    method: str = "pkt"
+    epochs: int = 2
+    lr: float = 0.01
+    momentum: float = 0.9
+    batch_size: int = 64
+    lam: float = 1.0
+    tau: float = 0.5
+    alpha_lr: float = 0.05
+    distill_batch_size: int = 64
+    kdg_terms: tuple[str, ...] = KDG_TERMS
+    kd_temperature: float = 1.0
+    local_generator_steps: int = 100
+    attention_dim: int = 64
+    val_fraction: float = 0.2
+    seed: int | None = None
+    int8_tolerance: float = 0.005
+    calibration_size: int = 256
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"method must be one of {METHODS}, got {self.method!r}")
+        if isinstance(self.kdg_terms, str):
+            object.__setattr__(
+                self, "kdg_terms", tuple(t.strip() for t in self.kdg_terms.split(",") if t.strip())
+            )
+        bad = sorted(set(self.kdg_terms) - set(KDG_TERMS))
+        if bad or not self.kdg_terms:
+            raise ConfigError(f"kdg_terms must be a non-empty subset of {KDG_TERMS}, got {self.kdg_terms!r}")
+        for name in ("epochs", "batch_size", "distill_batch_size", "attention_dim", "calibration_size"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("local_generator_steps", self.local_generator_steps, 0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0)
+        for name in ("lr", "kd_temperature"):
+            _check_number(name, getattr(self, name), positive=True)
+        for name in ("momentum", "lam", "tau", "alpha_lr", "int8_tolerance"):
+            _check_number(name, getattr(self, name), positive=False)
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["kdg_terms"] = list(self.kdg_terms)
+        return out
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_number(name: str, value: object, *, positive: bool) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):  # type: ignore[operator]
+        raise ConfigError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PersonalizeResult:
+    out_dir: Path
+    deploy_onnx: Path
+    kept: str  # "int8" or "fp32"
+    report: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------------------------- PKT
+
+
+def update_alpha(alpha: Tensor, per_sample_l1: Tensor, *, lr: float, tau: float) -> Tensor:
+    """One gradient step of L_D in alpha with the weights fixed (FedPD Eq. 3), clamped at 0.
+
+    On a batch of B distillation samples L_D = (1/B) sum_i alpha_i l_i + tau/2 sum_i (alpha_i - 1)^2,
+    so dL_D/dalpha_i = l_i / B + tau (alpha_i - 1): a large disagreement l_i lowers alpha_i, and
+    the regulariser pulls alpha_i back toward 1 (equilibrium 1 - l_i / (B tau)).
+    """
+    grad = per_sample_l1 / per_sample_l1.numel() + tau * (alpha - 1.0)
+    return (alpha - lr * grad).clamp_(min=0.0)
+
+
+def pkt_loss(outputs: Tensor, knowledge: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean_i alpha_i * L1_i, per-sample L1): L1 averaged over the L outputs of each sample."""
+    per_sample = (outputs - knowledge).abs().mean(dim=1)  # B
+    return (alpha * per_sample).mean(), per_sample
+
+
+# --------------------------------------------------------------------------------------------- models
+
+
+def _load_classifier(
+    model_onnx: bytes, arch: str, input_shape: tuple[int, int, int], num_classes: int
+) -> nn.Module:
+    module = build_model(arch, input_shape, num_classes)
+    module.load_state_dict(initializer_state_dict(model_onnx, module), strict=True)
+    return module
+
+
+class _OnnxGenerator:
+    """The server's global generator run with onnxruntime: (z, y one-hot) -> pixels, no gradient needed."""
+
+    def __init__(self, model_bytes: bytes, num_classes: int) -> None:
+        self.session = onnx_session(model_bytes, threads=max(1, torch.get_num_threads()))
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        if set(inputs) != {"z", "y"}:
+            raise DataError(f"the package's generator must take inputs z and y, got {sorted(inputs)}")
+        self.nz = int(inputs["z"].shape[1])
+        self.num_classes = num_classes
+
+    def __call__(self, y: Tensor, gen: torch.Generator) -> Tensor:
+        z = torch.randn(len(y), self.nz, generator=gen)
+        onehot = F.one_hot(y, self.num_classes).float()
+        out = self.session.run(None, {"z": z.numpy(), "y": onehot.numpy()})[0]
+        return torch.from_numpy(out)
+
+
+def _kd(student_logits: Tensor, teacher_logits: Tensor, t: float) -> Tensor:
+    """KL(softmax(teacher / t) || softmax(student / t)) * t^2, batch mean."""
+    return F.kl_div(
+        F.log_softmax(student_logits / t, dim=1), F.softmax(teacher_logits / t, dim=1), reduction="batchmean"
+    ) * (t * t)
+
+
+def _train_local_generator(
+    local: nn.Module,
+    label_share: Tensor,
+    shape: tuple[int, int, int],
+    num_classes: int,
+    steps: int,
+    gen: torch.Generator,
+) -> nn.Module:
+    """FedKDG's local generator: CE of the frozen local model on G_l(z, y) + a mode-seeking diversity term."""
+    g_local = build_cvae("cvae-small", shape, num_classes, latent_dim=16).decoder
+    opt = torch.optim.Adam(g_local.parameters(), lr=1e-3)
+    local.eval()
+    for p in local.parameters():
+        p.requires_grad_(False)
+    for _ in range(steps):
+        y = torch.multinomial(label_share, 64, replacement=True, generator=gen)
+        z = torch.randn(64, 16, generator=gen)
+        x = g_local(z, F.one_hot(y, num_classes).float())
+        ce = F.cross_entropy(local(x), y)
+        # mode seeking: pixel distance per unit of noise distance between pairs, to be maximised
+        dx = (x[:32] - x[32:]).abs().flatten(1).mean(1)
+        dz = (z[:32] - z[32:]).abs().mean(1)
+        loss = ce - (dx / dz).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    for p in local.parameters():
+        p.requires_grad_(True)
+    return g_local.eval()
+
+
+# ------------------------------------------------------------------------------------------- training
+
+
+def _batches(n: int, batch_size: int, gen: torch.Generator) -> Iterator[Tensor]:
+    order = torch.randperm(n, generator=gen)
+    for i in range(0, n, batch_size):
+        idx = order[i : i + batch_size]
+        if idx.numel() >= 2:  # BatchNorm cannot train on a single sample
+            yield idx
+
+
+def _fit(
+    model: nn.Module,
+    train: ArrayDataset,
+    package: Package,
+    global_model: nn.Module,
+    config: PersonalizeConfig,
+    seed: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """Train ``model`` in place by ``config.method``; returns training statistics for the report."""
+    device = torch.device(config.device)
+    gen = torch.Generator().manual_seed(seed)
+    model.to(device).train()
+    global_model.to(device).eval()
+    x_real, y_real = train.x.to(device), train.y.to(device=device, dtype=torch.long)
+    extra: list[nn.Parameter] = []
+    stats: dict[str, Any] = {}
+    terms = set(config.kdg_terms) if config.method == "kdg" else set()
+    label_share = torch.bincount(train.y.long(), minlength=package.num_classes).float()
+    g_global = g_local = None
+    generated = sorted(terms & {"lat", "tea", "disg"})
+    if generated:
+        if package.generator_onnx is None:
+            raise DataError(
+                f"kdg terms {generated} need the global generator, but the package has none; aggregate "
+                "with --synth generator, or pass --kdg-terms pre,dis"
+            )
+        g_global = _OnnxGenerator(package.generator_onnx, package.num_classes)
+    pixels = math.prod(package.input_shape)
+    if "disg" in terms:
+        t0 = time.perf_counter()
+        g_local = _train_local_generator(
+            model, label_share, package.input_shape, package.num_classes, config.local_generator_steps, gen
+        )
+        model.train()
+        stats["local_generator_seconds"] = time.perf_counter() - t0
+        w_l = nn.Parameter(torch.randn(pixels, config.attention_dim, generator=gen) / math.sqrt(pixels))
+        w_g = nn.Parameter(torch.randn(pixels, config.attention_dim, generator=gen) / math.sqrt(pixels))
+        extra = [w_l, w_g]
+    optimizer = torch.optim.SGD([*model.parameters(), *extra], lr=config.lr, momentum=config.momentum)
+    inputs = torch.from_numpy(package.inputs).to(device)  # distillation set, uint8
+    knowledge = torch.from_numpy(package.knowledge).to(device)
+    alpha = torch.ones(len(inputs), device=device)
+    t = config.kd_temperature
+    history: list[dict[str, float]] = []
+    steps = config.epochs * math.ceil(len(x_real) / config.batch_size)
+    bar = tqdm(total=steps, desc=f"personalize ({config.method})", unit="step", disable=not progress)
+    with seeded(seed, device):
+        for _ in range(config.epochs):
+            sums: dict[str, float] = {}
+            count = 0
+            for idx in _batches(len(x_real), config.batch_size, gen):
+                x, y = to_float(x_real[idx]), y_real[idx]
+                logits = model(x)
+                parts: dict[str, Tensor] = {}
+                if config.method != "kdg" or "pre" in terms:
+                    parts["ce"] = F.cross_entropy(logits, y)
+                if config.method == "pkt":
+                    d_idx = torch.randint(len(inputs), (config.distill_batch_size,), generator=gen).to(device)
+                    out = model(to_float(inputs[d_idx]))
+                    with torch.no_grad():  # alternate: alpha with the weights fixed, then the weights
+                        per = (out.detach() - knowledge[d_idx]).abs().mean(dim=1)
+                        alpha[d_idx] = update_alpha(alpha[d_idx], per, lr=config.alpha_lr, tau=config.tau)
+                    parts["pkt"] = config.lam * pkt_loss(out, knowledge[d_idx], alpha[d_idx])[0]
+                if "dis" in terms:
+                    with torch.no_grad():
+                        g_real = global_model(x)
+                    parts["dis"] = _kd(logits, g_real, t)
+                if terms & {"lat", "tea"}:
+                    assert g_global is not None
+                    p_i = g_global(y.cpu(), gen).to(device)  # same labels as the real batch
+                    with torch.no_grad():
+                        g_pi = global_model(p_i)
+                    if "lat" in terms:
+                        parts["lat"] = _kd(logits, g_pi, t)
+                    if "tea" in terms:
+                        parts["tea"] = F.cross_entropy(model(p_i), y)
+                if "disg" in terms:
+                    assert g_global is not None and g_local is not None
+                    y_u = torch.randint(package.num_classes, (len(idx),), generator=gen)
+                    p_g = g_global(y_u, gen).to(device).flatten(1)  # B x D
+                    with torch.no_grad():
+                        p_l = g_local(
+                            torch.randn(len(idx), 16, generator=gen),
+                            F.one_hot(y_u, package.num_classes).float(),
+                        )
+                    scores = (p_l.to(device).flatten(1) @ extra[0]) @ (p_g @ extra[1]).T  # B x B
+                    attn = F.softmax(scores / math.sqrt(config.attention_dim), dim=1)
+                    p_a = (attn @ p_g + p_g).clamp(0, 1).reshape(-1, *package.input_shape)
+                    with torch.no_grad():
+                        g_pa = global_model(p_a)
+                    parts["disg"] = _kd(model(p_a), g_pa, t)
+                loss = sum(parts.values())
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()  # type: ignore[union-attr]
+                optimizer.step()
+                for k, v in parts.items():
+                    sums[k] = sums.get(k, 0.0) + float(v.detach())
+                count += 1
+                bar.update(1)
+            history.append({k: v / max(count, 1) for k, v in sorted(sums.items())})
+    bar.close()
+    model.eval()
+    stats["loss"] = history
+    if config.method == "pkt":
+        stats["alpha"] = {
+            "mean": float(alpha.mean()),
+            "min": float(alpha.min()),
+            "below_1": float((alpha < 1).float().mean()),
+        }
+    return stats
+
+
+def _onnx_accuracy(model_bytes: bytes, data: ArrayDataset, batch_size: int = 512) -> float:
+    session = onnx_session(model_bytes, threads=max(1, torch.get_num_threads()))
+    x = to_float(data.x).numpy()
+    y = data.y.numpy()
+    hits = 0
+    for i in range(0, len(x), batch_size):
+        hits += int(
+            (
+                session.run(None, {INPUT_NAME: x[i : i + batch_size]})[0].argmax(1) == y[i : i + batch_size]
+            ).sum()
+        )
+    return hits / max(len(y), 1)
+
+
+def personalize(
+    data: ArrayDataset,
+    bundle: Bundle,
+    package: Package,
+    out_dir: str | Path,
+    *,
+    config: PersonalizeConfig,
+    progress: bool = False,
+) -> PersonalizeResult:
+    """Personalise this device's model with ``package`` and write the deployable models to ``out_dir``.
+
+    ``bundle`` is the device's own upload (its model and seed); the package must have been made for it
+    (:meth:`Package.check_for`). Writes ``personal.fp32.onnx``, ``personal.int8.onnx``, ``deploy.onnx``
+    (the kept one) and ``report.json``.
+    """
+    package.check_for(bundle.model_onnx)
+    if bundle.kind != "classifier":
+        raise ConfigError(f"personalization needs a classifier bundle, got kind {bundle.kind!r}")
+    shape, classes = tuple(bundle.input_shape), bundle.num_classes
+    if data.input_shape != shape or data.num_classes != classes or package.input_shape != shape:
+        raise DataError(
+            f"data is {data.num_classes} classes of {data.input_shape}, the bundle {classes} of {shape}, the "
+            f"package {package.num_classes} of {package.input_shape}; pass this client's own data file"
+        )
+    seed = int(bundle.seed) if config.seed is None else config.seed
+    out = Path(out_dir)
+    train_split, val_split = split_train_val(data, val_fraction=config.val_fraction, seed=seed)
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    global_model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
+    if config.method == "finetune":
+        model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
+        arch = package.global_arch
+    else:
+        model = _load_classifier(bundle.model_onnx, bundle.arch, shape, classes)  # type: ignore[arg-type]
+        arch = bundle.arch
+    before = {
+        "own_model": evaluate(_load_classifier(bundle.model_onnx, bundle.arch, shape, classes), val_split)[1],  # type: ignore[arg-type]
+        "global_model": evaluate(global_model, val_split)[1],
+    }
+    with seeded(seed):
+        stats = _fit(model, train_split, package, global_model, config, seed, progress)
+    seconds["train"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    meta = {"arch": arch, "producer": "edge-sdk personalize", "method": config.method}
+    fp32 = export_onnx(model.cpu(), shape, metadata=meta, keep_batchnorm=False, seed=seed)  # type: ignore[arg-type]
+    calib = to_float(train_split.x[: config.calibration_size]).numpy()
+    int8 = quantize_int8(fp32, calib)
+    seconds["export"] = time.perf_counter() - t0
+    acc = {"fp32": _onnx_accuracy(fp32, val_split), "int8": _onnx_accuracy(int8, val_split)}
+    kept = "int8" if acc["int8"] >= acc["fp32"] - config.int8_tolerance else "fp32"
+    latency = {
+        name: {
+            f"batch_{b}_ms": latency_ms(blob, shape, batch=b, repeats=20 if b > 1 else 50) for b in (1, 64)
+        }  # type: ignore[arg-type]
+        for name, blob in (("fp32", fp32), ("int8", int8))
+    }
+    atomic_write_bytes(out / "personal.fp32.onnx", fp32)
+    atomic_write_bytes(out / "personal.int8.onnx", int8)
+    deploy = atomic_write_bytes(out / "deploy.onnx", int8 if kept == "int8" else fp32)
+    report = {
+        "client": package.client,
+        "method": config.method,
+        "arch": arch,
+        "config": config.to_dict(),
+        "seed": seed,
+        "val_accuracy_before": before,
+        "val_accuracy": acc,
+        "kept": kept,
+        "size_bytes": {"fp32": len(fp32), "int8": len(int8)},
+        "latency": latency,
+        "training": stats,
+        "seconds": seconds,
+        "num_train": len(train_split),
+        "num_val": len(val_split),
+    }
+    atomic_write_json(out / "report.json", report)
+    return PersonalizeResult(out, deploy, kept, report)

@@ -1,0 +1,236 @@
+"""The personalization package: what the server sends back to one client after aggregation.
+
+One msgpack map per client, validated like a bundle. It carries the global model (ONNX), the
+distillation inputs (uint8 images of the aggregation's synthetic set, N x C x H x W), the personalised
+server knowledge Z_n^s for those inputs (float32 logits, N x L; FedPD's PKE output), optionally the
+global generator (ONNX, for FedKDG-style local training) and the knobs the server used.
+
+A package names the client it was made for by the sha256 of that client's uploaded model
+(``client_sha256``): the device compares it with its own model and refuses a package meant for another
+client. ``sha256`` covers every other field (the canonical msgpack of the map without it), so a flipped
+byte anywhere is refused. Same package, same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from export.atomic import atomic_write_bytes
+from profiles.errors import BundleError
+
+__all__ = [
+    "PACKAGE_KIND",
+    "PACKAGE_SCHEMA_VERSION",
+    "Package",
+    "package_from_bytes",
+    "package_to_bytes",
+    "read_package",
+    "write_package",
+]
+
+PACKAGE_SCHEMA_VERSION = 1
+PACKAGE_KIND = "personalization"
+_MAX_FILE_BYTES = 4 << 30  # models + images + knowledge
+_MAX_BIN = 2 << 30
+_MAX_STR = 10_000
+_MAX_ENTRIES = 1_000
+_SCALARS = (str, int, float, bool, type(None))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Package:
+    """One client's personalization package (see the module docstring).
+
+    ``inputs`` is N x C x H x W uint8 and ``knowledge`` N x L float32 (numpy arrays); ``generator_onnx``
+    may be None. ``knobs`` maps str to scalars (server settings, e.g. mu, epochs).
+    """
+
+    client: str
+    client_sha256: str
+    global_onnx: bytes
+    global_arch: str
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    inputs: np.ndarray
+    knowledge: np.ndarray
+    generator_onnx: bytes | None
+    knobs: Mapping[str, Any]
+    seed: int
+    kind: str = PACKAGE_KIND
+    schema_version: int = PACKAGE_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schema_version != PACKAGE_SCHEMA_VERSION:
+            raise BundleError(
+                f"package schema_version {self.schema_version!r} is not supported (this SDK reads "
+                f"{PACKAGE_SCHEMA_VERSION}); fix: make the package with a matching server-kit"
+            )
+        if self.kind != PACKAGE_KIND:
+            raise BundleError(f"kind must be {PACKAGE_KIND!r}, got {self.kind!r}")
+        for name in ("client", "client_sha256", "global_arch"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or len(value.encode()) > _MAX_STR:
+                raise BundleError(f"{name} must be a non-empty str, got {value!r}")
+        if len(self.client_sha256) != 64 or any(c not in "0123456789abcdef" for c in self.client_sha256):
+            raise BundleError(f"client_sha256 must be 64 lowercase hex digits, got {self.client_sha256!r}")
+        if not isinstance(self.global_onnx, bytes) or not self.global_onnx:
+            raise BundleError("global_onnx must be non-empty bytes")
+        if self.generator_onnx is not None and (
+            not isinstance(self.generator_onnx, bytes) or not self.generator_onnx
+        ):
+            raise BundleError("generator_onnx must be None or non-empty bytes")
+        _check_int("num_classes", self.num_classes, 2)
+        _check_int("seed", self.seed, 0)
+        shape = tuple(self.input_shape)
+        if len(shape) != 3 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape):
+            raise BundleError(f"input_shape must be three positive ints (C, H, W), got {self.input_shape!r}")
+        object.__setattr__(self, "input_shape", shape)
+        x, z = self.inputs, self.knowledge
+        if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.shape[1:] != shape or len(x) < 1:
+            raise BundleError(
+                f"inputs must be uint8 N x {shape} with N >= 1, got "
+                f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}"
+            )
+        if not isinstance(z, np.ndarray) or z.dtype != np.float32 or z.shape != (len(x), self.num_classes):
+            raise BundleError(
+                f"knowledge must be float32 of shape ({len(x)}, {self.num_classes}), got "
+                f"{getattr(z, 'dtype', type(z).__name__)} {getattr(z, 'shape', '')}"
+            )
+        if not np.isfinite(z).all():
+            raise BundleError("knowledge must be finite")
+        if not isinstance(self.knobs, Mapping) or len(self.knobs) > _MAX_ENTRIES:
+            raise BundleError("knobs must be a map of at most 1000 entries")
+        for key, value in self.knobs.items():
+            if not isinstance(key, str) or not isinstance(value, _SCALARS):
+                raise BundleError(f"knobs must map str to str/int/float/bool/None, got {key!r}: {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise BundleError(f"knob {key!r} must be finite, got {value!r}")
+
+    def check_for(self, model_onnx: bytes) -> None:
+        """Refuse this package unless it was made for the client whose uploaded model is ``model_onnx``."""
+        own = hashlib.sha256(model_onnx).hexdigest()
+        if own != self.client_sha256:
+            raise BundleError(
+                f"this package was made for {self.client!r} (model sha256 {self.client_sha256[:12]}...), "
+                f"not for this device's model ({own[:12]}...); fix: use the package the server wrote for "
+                "this client's bundle"
+            )
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise BundleError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _wire(package: Package) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(package):
+        value = getattr(package, f.name)
+        if f.name in ("inputs", "knowledge"):
+            little = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+            value = {"shape": list(value.shape), "data": little.tobytes()}
+        elif f.name == "input_shape":
+            value = list(value)
+        elif f.name == "knobs":
+            value = dict(sorted(value.items()))
+        out[f.name] = value
+    return dict(sorted(out.items()))
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True, use_single_float=False)
+
+
+def package_to_bytes(package: Package) -> bytes:
+    """Deterministic msgpack: sorted keys, the hash of everything else under ``sha256``."""
+    if not isinstance(package, Package):
+        raise BundleError(f"expected a Package, got {type(package).__name__}")
+    wire = _wire(package)
+    wire["sha256"] = hashlib.sha256(_pack(wire)).hexdigest()
+    return _pack(dict(sorted(wire.items())))
+
+
+def _array(name: str, value: object, dtype: type) -> np.ndarray:
+    if not isinstance(value, dict) or set(value) != {"shape", "data"}:
+        raise BundleError(f"{name} must be a map with shape and data")
+    shape, data = value["shape"], value["data"]
+    if not isinstance(shape, list) or not all(isinstance(v, int) and v >= 0 for v in shape):
+        raise BundleError(f"{name}.shape must be a list of ints >= 0, got {shape!r}")
+    expected = math.prod(shape) * np.dtype(dtype).itemsize
+    if not isinstance(data, bytes) or len(data) != expected:
+        raise BundleError(f"{name}.data must hold {expected} bytes for shape {shape}, got {len(data)}")
+    return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(shape)
+
+
+def package_from_bytes(data: bytes, *, source: str = "<bytes>") -> Package:
+    """Decode and validate; every refusal is a BundleError naming ``source``."""
+    if len(data) > _MAX_FILE_BYTES:
+        raise BundleError(f"{source}: {len(data)} bytes is larger than any valid package")
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=_MAX_BIN,
+            max_str_len=_MAX_STR,
+            max_array_len=_MAX_ENTRIES,
+            max_map_len=_MAX_ENTRIES,
+            max_ext_len=0,
+        )
+    except (msgpack.UnpackException, ValueError) as err:
+        raise BundleError(
+            f"{source}: not a readable package (corrupt, truncated or not msgpack): "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    if not isinstance(obj, dict):
+        raise BundleError(f"{source}: a package is a msgpack map, got {type(obj).__name__}")
+    if obj.get("schema_version") != PACKAGE_SCHEMA_VERSION:
+        raise BundleError(
+            f"{source}: package schema_version {obj.get('schema_version')!r} is not supported "
+            f"(expected {PACKAGE_SCHEMA_VERSION}); fix: make the package with a matching server-kit"
+        )
+    expected = {f.name for f in fields(Package)} | {"sha256"}
+    if set(obj) != expected:
+        raise BundleError(
+            f"{source}: package keys wrong: missing {sorted(expected - set(obj))}, "
+            f"unknown {sorted(set(obj) - expected)}"
+        )
+    recorded = obj.pop("sha256")
+    if recorded != hashlib.sha256(_pack(dict(sorted(obj.items())))).hexdigest():
+        raise BundleError(
+            f"{source}: package sha256 mismatch; the file is corrupt or was altered, fetch it again"
+        )
+    try:
+        return Package(
+            **{
+                **obj,
+                "input_shape": tuple(obj["input_shape"]) if isinstance(obj["input_shape"], list) else None,
+                "inputs": _array("inputs", obj["inputs"], np.uint8),
+                "knowledge": _array("knowledge", obj["knowledge"], np.float32),
+            }
+        )
+    except (BundleError, TypeError) as err:
+        raise BundleError(f"{source}: {err}") from err
+
+
+def write_package(package: Package, path: str | Path) -> Path:
+    """Serialise, then write atomically."""
+    return atomic_write_bytes(path, package_to_bytes(package))
+
+
+def read_package(path: str | Path) -> Package:
+    """Read and validate a package file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise BundleError(f"cannot read package {path}: {err}") from err
+    return package_from_bytes(data, source=str(path))

@@ -1,0 +1,170 @@
+"""Personalization: PKE on the server, finetune / pkt / kdg on the device, deployable fp32 and int8 ONNX."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from edge_sdk.arch import build_model
+from edge_sdk.cli import main as edge_main
+from edge_sdk.data import ArrayDataset, save_client_data
+from edge_sdk.personalize import PersonalizeConfig, personalize, pkt_loss, update_alpha
+from export.bundle import read_bundle
+from export.onnx_export import INPUT_NAME, onnx_session
+from export.package import read_package
+from profiles.errors import BundleError, ConfigError
+from server_kit.aggregate import aggregate
+from server_kit.personalize import PKEConfig, extractor_names, personalize_server, train_server_models
+from tests.server_kit.test_aggregate import SHAPE, L, bundles, tiny_config  # noqa: F401
+from tests.server_kit.test_synth_sources import TINY_GENERATOR
+
+# ------------------------------------------------------------------------------------------- PKT alpha
+
+
+def test_alpha_drops_for_disagreeing_samples_and_the_regulariser_pulls_it_back():
+    alpha = torch.ones(4)
+    l1 = torch.tensor([0.0, 0.1, 2.0, 8.0])  # the last samples disagree most with the knowledge
+    stepped = update_alpha(alpha.clone(), l1, lr=0.5, tau=0.5)
+    assert stepped[0] == 1.0 and (stepped[1:] < 1).all()
+    assert stepped[3] < stepped[2] < stepped[1]
+    # with no disagreement left, tau * (alpha - 1) moves alpha back toward 1, and never past it
+    back = stepped.clone()
+    for _ in range(50):
+        back = update_alpha(back, torch.zeros(4), lr=0.5, tau=0.5)
+    assert (
+        (back > stepped[1:].min()).all()
+        and (back <= 1).all()
+        and torch.allclose(back, torch.ones(4), atol=1e-3)
+    )
+    assert (update_alpha(torch.ones(2), torch.tensor([1e6, 1e6]), lr=1.0, tau=0.1) == 0).all()  # clamped
+
+
+def test_pkt_loss_weights_samples_by_alpha():
+    out, z = torch.zeros(2, 3), torch.tensor([[1.0, 1.0, 1.0], [3.0, 3.0, 3.0]])
+    loss, per = pkt_loss(out, z, torch.tensor([1.0, 0.0]))
+    assert torch.allclose(per, torch.tensor([1.0, 3.0])) and float(loss) == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------------------------------------- PKE
+
+
+def test_mu_pulls_server_extractors_together():
+    torch.manual_seed(0)
+    x = torch.rand(24, *SHAPE)
+    knowledge = [torch.randn(24, L) * 3 for _ in range(3)]
+
+    def spread(mu: float) -> float:
+        models = []
+        for k in range(3):
+            with torch.random.fork_rng():
+                torch.manual_seed(k)
+                models.append(build_model("C4k3-P-F8-F3", SHAPE, L))
+        config = PKEConfig(epochs=4, batch_size=8, mu=mu, lr=1e-2)
+        train_server_models(models, x, knowledge, config=config)
+        names = extractor_names(models[0])
+        assert not any(n.startswith("head") for n in names)
+        params = [dict(m.named_parameters()) for m in models]
+        return sum(float((params[0][n] - params[k][n]).detach().norm()) for k in (1, 2) for n in names)
+
+    assert spread(mu=5.0) < 0.5 * spread(mu=0.0)
+
+
+# -------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory, bundles):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("personal")
+    aggregate(bundles, tmp / "server", config=tiny_config(synth=("generator",), generator=TINY_GENERATOR))
+    result = personalize_server(
+        bundles, tmp / "server", tmp / "packages", config=PKEConfig(epochs=1, batch_size=8, max_inputs=16)
+    )
+    gen = torch.Generator().manual_seed(1)
+    data = ArrayDataset(
+        torch.randint(0, 256, (60, *SHAPE), generator=gen, dtype=torch.uint8), torch.arange(60) % L, L
+    )
+    return tmp, result, data
+
+
+def test_server_writes_one_valid_package_per_client(federation, bundles):  # noqa: F811
+    _, result, _ = federation
+    assert len(result.packages) == len(bundles)
+    for path, bundle_path in zip(result.packages, bundles, strict=True):
+        package = read_package(path)
+        package.check_for(read_bundle(bundle_path).model_onnx)
+        assert package.inputs.shape == (16, *SHAPE) and package.knowledge.shape == (16, L)
+        assert package.generator_onnx is not None and package.knobs["mu"] == 0.6
+    report = json.loads(result.report_path.read_text())
+    assert [c["package"] for c in report["clients"]] == [p.name for p in result.packages]
+
+
+@pytest.mark.parametrize("method", ["finetune", "pkt", "kdg"])
+def test_each_method_writes_deployable_models(federation, bundles, method):  # noqa: F811
+    tmp, result, data = federation
+    config = PersonalizeConfig(
+        method=method,
+        epochs=1,
+        batch_size=8,
+        distill_batch_size=8,
+        local_generator_steps=2,
+        calibration_size=16,
+    )
+    out = tmp / f"client0-{method}"
+    res = personalize(data, read_bundle(bundles[0]), read_package(result.packages[0]), out, config=config)
+    report = json.loads((out / "report.json").read_text())
+    assert res.kept in ("int8", "fp32") and report["kept"] == res.kept
+    int8_ok = report["val_accuracy"]["int8"] >= report["val_accuracy"]["fp32"] - config.int8_tolerance
+    assert (res.kept == "int8") == int8_ok
+    expected = (out / f"personal.{res.kept}.onnx").read_bytes()
+    assert res.deploy_onnx.read_bytes() == expected
+    logits = onnx_session(expected).run(None, {INPUT_NAME: torch.rand(4, *SHAPE).numpy()})[0]
+    assert logits.shape == (4, L)
+    assert report["size_bytes"]["int8"] > 0 and report["latency"]["fp32"]["batch_1_ms"] > 0
+    if method == "kdg":
+        assert set(report["training"]["loss"][0]) == {"ce", "dis", "lat", "tea", "disg"}
+    if method == "pkt":
+        assert 0 <= report["training"]["alpha"]["min"] <= 1
+
+
+def test_package_of_another_client_is_refused(federation, bundles):  # noqa: F811
+    tmp, result, data = federation
+    with pytest.raises(BundleError, match="made for"):
+        personalize(
+            data,
+            read_bundle(bundles[1]),
+            read_package(result.packages[0]),
+            tmp / "x",
+            config=PersonalizeConfig(),
+        )
+    assert not (tmp / "x" / "deploy.onnx").exists()
+
+
+def test_cli_runs_and_refuses_bad_knobs(federation, bundles, tmp_path, capsys):  # noqa: F811
+    _, result, data = federation
+    npz = save_client_data(tmp_path / "c.npz", data)
+    args = ["personalize", "--data", str(npz), "--model", bundles[0], "--package", str(result.packages[0])]
+    out = tmp_path / "cli"
+    assert (
+        edge_main(
+            [
+                *args,
+                "--method",
+                "finetune",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+                "--quiet",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert (out / "deploy.onnx").is_file() and "kept" in capsys.readouterr().out
+    assert edge_main([*args, "--kdg-terms", "pre,nope", "--out", str(tmp_path / "bad")]) == 2
+    assert "kdg_terms" in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        PersonalizeConfig(method="distill")

@@ -1,0 +1,103 @@
+"""FedMHO in `aggregate` and `simulate`: decoder sampling + centroid filter, FedAvg / distillation init, fusion."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from edge_sdk.client import TrainedCVAE, bundle_cvae
+from edge_sdk.cvae import build_cvae
+from profiles import load_profile
+from profiles.errors import ConfigError
+from server_kit.aggregate import AggregateConfig, aggregate, load_synthetic
+from server_kit.cli import main
+from server_kit.fusion import FusionConfig
+from tests.server_kit.test_aggregate import SHAPE, SPECS, L, _bundle, bundles, tiny_config  # noqa: F401
+
+FUSION = FusionConfig(mode="md", epochs=2, batch_size=8)
+
+
+def _decoder(tmp_path, name: str, seed: int, counts: tuple[int, ...]) -> str:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = build_cvae("cvae-small", SHAPE, len(counts), 2).eval()
+    trained = TrainedCVAE(
+        module=model,
+        arch=model.arch,
+        num_classes=len(counts),
+        input_shape=SHAPE,
+        label_counts=counts,
+        num_examples=sum(counts),
+        latent_dim=2,
+        metrics={"val_loss": 1.0},
+    )
+    bundle_cvae(trained, load_profile("wearable"), tmp_path / name, seed=seed)
+    return str(tmp_path / name)
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory) -> list[str]:
+    tmp = tmp_path_factory.mktemp("decoders")
+    return [_decoder(tmp, "d0.bundle", 0, (6, 0, 4)), _decoder(tmp, "d1.bundle", 1, (2, 8, 0))]
+
+
+def test_decoder_fusion_with_heterogeneous_classifiers(tmp_path, bundles, decoders):  # noqa: F811
+    config = tiny_config(synth=("decoder",), decoder_samples=40, fusion=FUSION)
+    result = aggregate([*bundles, *decoders], tmp_path, config=config)
+    report = json.loads(result.report_path.read_text())
+    assert report["training"] == "FedMHO-md" and report["init"] == "consensus-distillation"
+    assert len(report["teachers"]) == 3 and report["skipped"] == []  # decoders are not teachers
+    dec = report["decoders"]
+    assert dec["sampled"] == 40
+    # the centroid filter keeps floor(0.8 * n_c) of every class
+    kept = load_synthetic(tmp_path / "synthetic.npz")
+    counts = torch.bincount(kept.target_class, minlength=L)
+    assert dec["kept"] == len(kept) == int(counts.sum()) < 40
+    assert len(report["fusion_loss"]) == 2 and len(report["distill_loss"]) == config.distill.epochs
+    for grid in dec["grids"]:
+        assert (tmp_path / grid).is_file()
+
+
+def test_same_architecture_classifiers_are_averaged(tmp_path, decoders):  # noqa: F811
+    same = [_bundle(tmp_path, f"c{k}", SPECS[0], k, [5, 5, 5]) for k in range(2)]
+    config = tiny_config(synth=("decoder",), decoder_samples=30, fusion=FusionConfig(mode="sd", epochs=1))
+    report = json.loads(aggregate([*same, *decoders], tmp_path / "s", config=config).report_path.read_text())
+    assert report["init"] == "fedavg" and report["student"]["arch"] == SPECS[0]
+    assert report["distill_loss"] == [] and len(report["fusion_loss"]) == 1
+
+
+def test_pooled_inversion_and_decoder_samples_get_consensus_labels(tmp_path, bundles, decoders):  # noqa: F811
+    config = tiny_config(synth=("inversion", "decoder"), decoder_samples=30)
+    report = json.loads(aggregate([*bundles, *decoders], tmp_path, config=config).report_path.read_text())
+    assert report["synthetic_sources"]["inversion"] == 36
+    assert 0 < report["synthetic_sources"]["decoder"] <= math.floor(0.8 * 30) + L
+    assert report["training"] == "consensus distillation" and report["labels"].startswith("consensus")
+
+
+def test_config_refusals(tmp_path, bundles):  # noqa: F811
+    with pytest.raises(ConfigError, match="add 'decoder'"):
+        AggregateConfig(fusion=FUSION)
+    with pytest.raises(ConfigError, match="decoder_keep"):
+        AggregateConfig(synth=("decoder",), decoder_keep=0.0)
+    with pytest.raises(ConfigError, match="needs cvae_decoder bundles"):
+        aggregate(bundles, tmp_path, config=tiny_config(synth=("decoder",)))
+
+
+def test_simulate_mixes_classifier_and_cvae_clients(tmp_path):
+    args = [
+        "simulate", "--dataset", "digits", "--num-clients", "3", "--alpha", "1.0", "--seed", "0", "--quiet",
+        "--profiles", "laptop-cpu,wearable", "--particles", "2", "--iterations", "1", "--final-epochs", "10",
+        "--cvae-epochs", "10", "--synth", "decoder", "--decoder-samples", "300", "--fusion", "md",
+        "--fusion-preset", "fast", "--fusion-epochs", "10", "--distill-epochs", "10", "--server-device", "cpu",
+        "--out", str(tmp_path),
+    ]  # fmt: skip
+    assert main(args) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [c["kind"] for c in results["clients"]] == ["classifier", "cvae_decoder", "classifier"]
+    assert "test_accuracy" not in results["clients"][1] and results["clients"][1]["candidate_epochs"] == 0
+    report = json.loads((tmp_path / "server" / "report.json").read_text())
+    assert report["training"] == "FedMHO-md" and report["decoders"]["sampled"] == 300
+    assert results["global_accuracy"] > 0.3  # three digits clients, ten classes: chance is 0.1
