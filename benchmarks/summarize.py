@@ -39,21 +39,29 @@ def row(name: str) -> str:
     clients = results["clients"]
     cand = sum(c["candidate_epochs"] for c in clients)
     server = sum(v for k, v in sec.items() if k.startswith("server_") and k != "server_total")
+    report_path = folder / "server_report.json"
+    report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.is_file() else {}
+    training = "hard labels" if cfg["aggregate"]["hard_labels"] else "consensus KD"
+    if report.get("training", "").startswith("FedMHO"):
+        training = f"{report['training']} (init: {report['init']})"
+    kinds = [c.get("kind", "classifier") for c in clients]
+    mix = f"{kinds.count('classifier')}+{kinds.count('cvae_decoder')}"
+    synth_min = sum(sec.get(f"server_{k}", 0) for k in ("inversion", "generator", "decoder")) / 60
+    train_min = (sec.get("server_distill", 0) + sec.get("server_fusion", 0)) / 60
     return (
-        f"| {name} | {cfg['alpha']} | {cfg['search']['strategy']} | {'+'.join(cfg['aggregate']['synth'])} "
-        f"({results['synthetic_size']}) | {'hard' if cfg['aggregate']['hard_labels'] else 'consensus'} | "
+        f"| {name} | {cfg['alpha']} | {cfg['search']['strategy']} | {mix} | "
+        f"{'+'.join(cfg['aggregate']['synth'])} ({results['synthetic_size']}) | {training} | "
         f"{100 * results['global_accuracy']:.2f} | "
         f"{100 * results['mean_client_test_accuracy']:.2f} | {cand} | {sec['clients'] / 60:.1f} | "
-        f"{sec.get('server_inversion', 0) / 60:.1f} | {sec.get('server_generator', 0) / 60:.1f} | "
-        f"{sec.get('server_distill', 0) / 60:.1f} | {server / 60:.1f} | "
+        f"{synth_min:.1f} | {train_min:.1f} | {server / 60:.1f} | "
         f"{timing.get('wall_s', float('nan')) / 60:.1f} | {timing.get('peak_rss_mb', float('nan')):.0f} |"
     )
 
 
 HEADER = (
-    "| row | alpha | strategy | synthesis (size) | labels | global top-1 % | mean client top-1 % | "
-    "candidate-epochs (all clients) | "
-    "clients min | inversion min | generator min | distill min | server min | wall min | peak RSS MB |\n"
+    "| row | alpha | strategy | classifier+CVAE clients | synthesis (size) | server training | "
+    "global top-1 % | mean classifier-client top-1 % | candidate-epochs (all clients) | "
+    "clients min | synthesis min | distill+fusion min | server min | wall min | peak RSS MB |\n"
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 

@@ -11,8 +11,9 @@ Rules: the first module is C, the chain ends with at least one F, no C or P afte
 3..20, at most 128 channels, kernel at most 7, hidden F at most 300 units, and no pooling may shrink the
 feature map below 1x1.
 
-Named models from the model zoo (``zoo:resnet18``, ...) share the same string form, so one spec type
-travels through search, logs, bundles and ONNX metadata.
+Named models from the model zoo (``zoo:resnet18``, ...) and subnets of the elastic MobileNetV3-like space
+(``mbv3:...``, :mod:`edge_sdk.elastic`) share the same string form, so one spec type travels through
+search, logs, bundles and ONNX metadata.
 
 Models take float32 pixels in [0, 1] shaped N x C x H x W and return logits; input normalization lives
 inside the model. Every built model exposes its final ``nn.Linear`` as ``model.head`` (the server reads
@@ -29,6 +30,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from edge_sdk.elastic import ElasticNet, ElasticSpec
 from profiles.errors import SpecError
 
 __all__ = [
@@ -258,11 +260,11 @@ class ZooSpec:
         return self
 
 
-ArchSpec = ChainSpec | ZooSpec
+ArchSpec = ChainSpec | ZooSpec | ElasticSpec
 
 
 def parse_arch(text: str) -> ArchSpec:
-    """Parse a spec string (``C32k3-P-F10`` or ``zoo:resnet18``) or its JSON form."""
+    """Parse a spec string (``C32k3-P-F10``, ``zoo:resnet18`` or ``mbv3:...``) or its JSON form."""
     text = text.strip()
     if text.startswith("{"):
         try:
@@ -271,9 +273,13 @@ def parse_arch(text: str) -> ArchSpec:
             raise SpecError(f"malformed architecture JSON: {err}") from err
         if kind == "zoo":
             return ZooSpec(json.loads(text)["name"]).validate()
+        if kind == "elastic":
+            return ElasticSpec.parse(json.loads(text)["spec"])
         return ChainSpec.from_json(text)
     if text.startswith("zoo:"):
         return ZooSpec(text[len("zoo:") :]).validate()
+    if text.startswith("mbv3:"):
+        return ElasticSpec.parse(text)
     return ChainSpec.parse(text)
 
 
@@ -329,4 +335,6 @@ def build_model(spec: ArchSpec | str, input_shape: tuple[int, int, int], num_cla
         from edge_sdk.zoo import build_zoo_model
 
         return build_zoo_model(spec.validate().name, input_shape, num_classes)
+    if isinstance(spec, ElasticSpec):
+        return ElasticNet(spec, input_shape, num_classes)  # type: ignore[arg-type]
     return ChainNet(spec, input_shape, num_classes)

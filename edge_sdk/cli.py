@@ -62,12 +62,17 @@ SEARCH_KNOBS = (
     "cg",
     "fixed_arch",
     "max_train_samples",
+    "population",
+    "mutations",
+    "crossovers",
+    "generations",
+    "supernet",
 )
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="fast", help="search preset: fast (default) or paper")
-    p.add_argument("--strategy", help="pso (default), fixed or random-pool")
+    p.add_argument("--strategy", help="pso (default), fixed, random-pool or evolution")
     p.add_argument("--particles", type=int, help="PSO swarm size N")
     p.add_argument("--iterations", type=int, help="PSO iterations T")
     p.add_argument("--epochs", type=int, help="training epochs per candidate (fitness)")
@@ -78,6 +83,11 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         "--fixed-arch", help="architecture of the fixed strategy, default CNN1 = C32k5-P-C64k5-P-F10"
     )
     p.add_argument("--max-train-samples", type=int, help="subsample the training split for fitness runs")
+    p.add_argument("--supernet", help="evolution: a supernet file (server-kit supernet) -> the elastic space")
+    p.add_argument("--population", type=int, help="evolution population N_pop")
+    p.add_argument("--mutations", type=int, help="evolution mutants per generation N_m")
+    p.add_argument("--crossovers", type=int, help="evolution children per generation N_c")
+    p.add_argument("--generations", type=int, help="evolution generations")
 
 
 # --cvae-* option -> CVAEConfig field

@@ -26,6 +26,7 @@ from edge_sdk import __version__
 from edge_sdk.arch import ArchSpec, ChainSpec, Conv, Dense, Pool, build_model, parse_arch
 from edge_sdk.cvae import CVAE, CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
+from edge_sdk.elastic import ElasticSpec, extract, load_supernet
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
 from edge_sdk.train import TrainConfig, evaluate, seeded, train
@@ -205,13 +206,21 @@ def train_final(
     seed: int,
     device: str = "cpu",
     progress: bool = False,
+    init: torch.nn.Module | None = None,
 ) -> TrainedModel:
-    """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled)."""
+    """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
+
+    ``init`` (a module of exactly this architecture, e.g. a subnet extracted from a supernet) is
+    fine-tuned instead of a freshly initialised model; it is trained in place.
+    """
     spec = parse_arch(arch)
     num_classes = train_split.num_classes
-    with torch.random.fork_rng():  # seeded weight init without touching the caller's global RNG
-        torch.manual_seed(seed)
-        model = build_model(spec, train_split.input_shape, num_classes)
+    if init is not None:
+        model = init
+    else:
+        with torch.random.fork_rng():  # seeded weight init without touching the caller's global RNG
+            torch.manual_seed(seed)
+            model = build_model(spec, train_split.input_shape, num_classes)
     dev = resolve_device(device)
     start = time.perf_counter()
     losses = train(
@@ -493,6 +502,10 @@ def _run_classifier(
     seconds["search"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    init = None
+    if config.search.supernet is not None and result.best_spec.startswith("mbv3:"):
+        # HAPFNAS: the winner starts from its supernet weights and is fine-tuned locally
+        init = extract(load_supernet(config.search.supernet), ElasticSpec.parse(result.best_spec))
     trained = train_final(
         result.best_spec,
         train_split,
@@ -503,6 +516,7 @@ def _run_classifier(
         seed=config.seed,
         device=config.device,
         progress=config.progress,
+        init=init,
     )
     seconds["train"] = time.perf_counter() - t0
 

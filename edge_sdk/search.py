@@ -8,6 +8,9 @@
 - ``fixed``: one given architecture (the homogeneous ablation).
 - ``random-pool``: a seeded pick from :data:`edge_sdk.zoo.RANDOM_POOL` among the members that fit the device
   (the random heterogeneous ablation).
+- ``evolution``: HAPFNAS's predictor-guided evolution (:mod:`edge_sdk.evolution`): over the elastic
+  MobileNetV3-like space with a supernet file (fitness = inherited weights + BN recalibration, no
+  training), or over the chain space without one (fitness = the same short training as PSO).
 
 Every candidate is screened before it is trained: the analytic cost (:meth:`ChainSpec.cost`, microseconds)
 against the FLOP and parameter budgets, then the estimated training memory
@@ -46,6 +49,7 @@ from edge_sdk.arch import (
     parse_arch,
 )
 from edge_sdk.data import ArrayDataset
+from edge_sdk.elastic import ElasticSpec, cost_of, load_supernet
 from edge_sdk.profiling import ModelProfile, fits, profile_model
 from edge_sdk.train import TrainConfig, evaluate, seeded, train
 from edge_sdk.zoo import RANDOM_POOL
@@ -58,11 +62,12 @@ __all__ = [
     "SearchConfig",
     "SearchResult",
     "align",
+    "random_conv",
     "sample_spec",
     "search",
 ]
 
-STRATEGIES = ("pso", "fixed", "random-pool")
+STRATEGIES = ("pso", "fixed", "random-pool", "evolution")
 
 # Discrete choices of the sampler (within the arch rules: <= 128 channels, odd kernels <= 7, <= 300 units).
 CHANNELS = (8, 16, 32, 48, 64, 96, 128)
@@ -92,6 +97,11 @@ class SearchConfig:
             default of 2000 keeps a 6,000-image MNIST client's search to a few minutes on 2 CPU cores.
         max_depth: longest chain the sampler draws (3..20). Shorter chains train faster; PSO never grows
             a particle past the longer of its two guides, so this bounds the whole search.
+        population, mutations, crossovers, generations, reevaluate: evolution knobs (N_pop, N_m, N_c,
+            generations, finalists evaluated for real); the paper preset is 256/128/128/20.
+        supernet: path of a supernet file (``server-kit supernet``): evolution then searches the elastic
+            space with inherited weights; None searches the chain space by short training.
+        calib_batches: BatchNorm recalibration batches per elastic candidate.
     """
 
     strategy: str = "pso"
@@ -106,6 +116,13 @@ class SearchConfig:
     fixed_arch: str = "C32k5-P-C64k5-P-F10"  # CNN1
     max_train_samples: int | None = 2000
     max_depth: int = 10
+    population: int = 24
+    mutations: int = 12
+    crossovers: int = 12
+    generations: int = 5
+    reevaluate: int = 3
+    supernet: str | None = None
+    calib_batches: int = 8
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -115,6 +132,12 @@ class SearchConfig:
         _check_int("final_epochs", self.final_epochs, 0)
         _check_int("batch_size", self.batch_size, 1)
         _check_int("max_depth", self.max_depth, MIN_DEPTH)
+        for name in ("population", "reevaluate", "calib_batches"):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("mutations", "crossovers", "generations"):
+            _check_int(name, getattr(self, name), 0)
+        if self.supernet is not None and not isinstance(self.supernet, str):
+            raise ConfigError(f"supernet must be a file path or None, got {self.supernet!r}")
         if self.max_depth > MAX_DEPTH:
             raise ConfigError(f"max_depth must be in [{MIN_DEPTH}, {MAX_DEPTH}], got {self.max_depth}")
         if self.max_train_samples is not None:
@@ -143,6 +166,10 @@ class SearchConfig:
                 "final_epochs": 50,
                 "max_train_samples": None,
                 "max_depth": MAX_DEPTH,
+                "population": 256,
+                "mutations": 128,
+                "crossovers": 128,
+                "generations": 20,
             },
         }
         if name not in presets:
@@ -199,6 +226,7 @@ class SearchResult:
     cache_hits: int
     seconds: float
     repeats_best: tuple[tuple[str, float], ...]
+    details: dict[str, Any] = field(default_factory=dict)  # strategy-specific (evolution: predictor)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly: an infinite (rejected / diverged) fitness is written as ``None`` (null)."""
@@ -211,6 +239,7 @@ class SearchResult:
             "cache_hits": self.cache_hits,
             "seconds": round(self.seconds, 3),
             "repeats_best": [{"spec": s, "fitness": _finite(f)} for s, f in self.repeats_best],
+            "details": self.details,
             "evaluations": [
                 dataclasses.asdict(e) | {"fitness": _finite(e.fitness), "seconds": round(e.seconds, 3)}
                 for e in self.evaluations
@@ -225,7 +254,7 @@ def _finite(value: float) -> float | None:
 # ------------------------------------------------------------------------------------- the search space
 
 
-def _random_conv(rng: np.random.Generator) -> Conv:
+def random_conv(rng: np.random.Generator) -> Conv:
     return Conv(int(rng.choice(CHANNELS)), int(rng.choice(KERNELS)))
 
 
@@ -249,13 +278,13 @@ def sample_spec(
     depth = int(rng.integers(MIN_DEPTH, max_depth + 1))
     n_dense = int(rng.integers(1, min(MAX_DENSE, depth - 1) + 1))
     size = min(input_shape[1], input_shape[2])
-    layers: list[Layer] = [_random_conv(rng)]
+    layers: list[Layer] = [random_conv(rng)]
     for _ in range(depth - n_dense - 1):
         if rng.random() >= CONV_PROBABILITY and size >= 2:
             layers.append(Pool("max" if rng.random() < 0.5 else "avg"))
             size //= 2
         else:
-            layers.append(_random_conv(rng))
+            layers.append(random_conv(rng))
     layers += [Dense(int(rng.choice(HIDDEN_UNITS))) for _ in range(n_dense - 1)]
     layers.append(Dense(num_classes))
     return ChainSpec(tuple(layers))
@@ -335,6 +364,7 @@ class _Evaluator:
     rejected: int = 0
     cache_hits: int = 0
     needs: dict[str, float] = field(default_factory=dict)  # smallest budget share seen, per budget
+    proxy: Any = None  # spec -> fitness without training (the supernet proxy of evolution)
     screened: dict[str, tuple[int, int, int, str | None]] = field(default_factory=dict)
 
     @property
@@ -358,6 +388,9 @@ class _Evaluator:
         # Only what passes gets the training-memory dry run of profile_model.
         if isinstance(spec, ChainSpec):
             flops, params = spec.cost(self.input_shape)
+            self._note(flops=flops, params=params)
+        elif isinstance(spec, ElasticSpec):
+            flops, params = cost_of(spec, self.input_shape, self.num_classes)
             self._note(flops=flops, params=params)
         else:
             with torch.device("meta"):
@@ -401,7 +434,9 @@ class _Evaluator:
             start = time.perf_counter()
             flops, params, memory, reason = self.screen(spec)
             fitness, epochs = math.inf, 0
-            if reason is None:
+            if reason is None and self.proxy is not None:
+                fitness, epochs = float(self.proxy(spec)), 0
+            elif reason is None:
                 fitness, epochs = self._fitness(spec, key), self.config.epochs
                 self.candidate_epochs += epochs
             else:
@@ -521,6 +556,45 @@ def _random_pool(ev: _Evaluator, rng: np.random.Generator) -> tuple[ArchSpec, fl
     return spec, ev.evaluate(spec).fitness
 
 
+def _evolution(ev: _Evaluator, rng: np.random.Generator) -> tuple[ArchSpec, float, dict[str, Any]]:
+    from edge_sdk.evolution import CHAIN_SPACE, ELASTIC_SPACE, evolve, supernet_proxy
+
+    cfg = ev.config
+    space = CHAIN_SPACE
+    if cfg.supernet is not None:
+        supernet = load_supernet(cfg.supernet)
+        if (supernet.input_shape, supernet.num_classes) != (ev.input_shape, ev.num_classes):
+            raise ConfigError(
+                f"supernet {cfg.supernet} is for {supernet.num_classes} classes of {supernet.input_shape}, "
+                f"the data is {ev.num_classes} classes of {ev.input_shape}"
+            )
+        ev.proxy = supernet_proxy(
+            supernet, ev.train_split, ev.val_split, batches=cfg.calib_batches, seed=ev.seed
+        )
+        space = ELASTIC_SPACE
+
+    def evaluate_spec(spec: ArchSpec) -> tuple[float, str | None]:
+        result = ev.evaluate(spec)
+        ev.bar.update(1)
+        ev.bar.set_postfix(rejected=ev.rejected, cached=ev.cache_hits)
+        return result.fitness, result.rejected
+
+    return evolve(
+        space,
+        evaluate_spec,
+        rng,
+        input_shape=ev.input_shape,
+        num_classes=ev.num_classes,
+        population=cfg.population,
+        mutations=cfg.mutations,
+        crossovers=cfg.crossovers,
+        generations=cfg.generations,
+        reevaluate=cfg.reevaluate,
+        admits=lambda spec: ev.screen(spec)[3] is None,
+        seed=ev.seed,
+    )
+
+
 def search(
     train: ArrayDataset,
     val: ArrayDataset,
@@ -551,11 +625,18 @@ def search(
     if config.max_train_samples is not None and len(train) > config.max_train_samples:
         picked = np.random.default_rng(subset_seq).choice(len(train), config.max_train_samples, replace=False)
         train = train.subset(np.sort(picked))
-    planned = config.repeats * config.particles * (config.iterations + 1) if config.strategy == "pso" else 1
+    planned = {
+        "pso": config.repeats * config.particles * (config.iterations + 1),
+        "evolution": config.population + config.reevaluate,
+    }.get(config.strategy, 1)
+    details: dict[str, Any] = {}
     with tqdm(total=planned, desc=f"search ({config.strategy})", unit="cand", disable=not progress) as bar:
         ev = _Evaluator(train, val, profile, config, seed, torch.device(device), bar)
         if config.strategy == "pso":
             repeats_best = [_pso(ev, np.random.default_rng(seq)) for seq in repeat_seqs]
+        elif config.strategy == "evolution":
+            best, fitness, details = _evolution(ev, np.random.default_rng(repeat_seqs[0]))
+            repeats_best = [(best, fitness)]
         elif config.strategy == "fixed":
             repeats_best = [_fixed(ev)]
             bar.update(1)
@@ -573,4 +654,5 @@ def search(
         cache_hits=ev.cache_hits,
         seconds=time.perf_counter() - start,
         repeats_best=tuple((str(s), float(f)) for s, f in repeats_best),
+        details=details,
     )

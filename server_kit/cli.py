@@ -194,6 +194,29 @@ def cmd_personalize(args: argparse.Namespace) -> None:
     print(f"wrote {len(result.packages)} packages and {result.report_path}")
 
 
+def cmd_supernet(args: argparse.Namespace) -> None:
+    from server_kit.supernet import SupernetConfig, supernet_from_bundles
+
+    knobs = overrides(args, ["steps", "batch_size", "lr", "random_subnets", "seed", "device"])
+    report = supernet_from_bundles(
+        args.bundles,
+        args.out,
+        aggregate_dir=args.aggregate,
+        unlabeled=args.unlabeled,
+        config=SupernetConfig(**knobs),
+        progress=not args.quiet,
+    )
+    steps, inputs = report["config"]["steps"], report["inputs"]
+    print(f"wrote {args.out} ({steps} steps on {inputs} {report['data']} inputs)")
+
+
+def cmd_hetero_avg(args: argparse.Namespace) -> None:
+    from server_kit.hetero_avg import hetero_fedavg
+
+    report = hetero_fedavg(args.bundles, args.supernet, args.out)
+    print(f"wrote {len(report['clients'])} personalised models and the aggregated supernet to {args.out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser, command = root_parser(
         "server-kit", "Server toolkit: turn client bundles into a global model without any real data."
@@ -249,6 +272,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="cpu or cuda")
     p.add_argument("--quiet", action="store_true")
+
+    p = command(
+        "supernet",
+        cmd_supernet,
+        "train the elastic supernet (HAPFNAS) by distilling the teachers on synthetic or public inputs",
+    )
+    p.add_argument("bundles", nargs="+", help="classifier bundles (the teachers)")
+    p.add_argument("--out", required=True, help="supernet file to write (safetensors in a manifest)")
+    p.add_argument("--aggregate", help="a `server-kit aggregate` output: its synthetic set is the input")
+    p.add_argument("--unlabeled", help="a public unlabeled .npz (uint8 x) instead of the synthetic set")
+    p.add_argument("--steps", type=int, help="sandwich-rule steps (default 300)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--random-subnets", type=int, help="k random subnets per step (default 2)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device", help="cpu or cuda")
+    p.add_argument("--quiet", action="store_true")
+
+    p = command(
+        "hetero-avg", cmd_hetero_avg, "heteroFedAvg of elastic-space client models through their supernet"
+    )
+    p.add_argument("bundles", nargs="+", help="client bundles whose archs are mbv3:... subnets")
+    p.add_argument("--supernet", required=True, help="the supernet file the clients searched")
+    p.add_argument("--out", required=True, help="output directory")
     return parser
 
 

@@ -1,4 +1,4 @@
-"""FedMHO in `aggregate` and `simulate`: decoder sampling + centroid filter, FedAvg / distillation init, fusion."""
+"""FedMHO in `aggregate` and `simulate`: decoder sampling, centroid filter, init, fusion."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_decoder_fusion_with_heterogeneous_classifiers(tmp_path, bundles, decode
         assert (tmp_path / grid).is_file()
 
 
-def test_same_architecture_classifiers_are_averaged(tmp_path, decoders):  # noqa: F811
+def test_same_architecture_classifiers_are_averaged(tmp_path, decoders):
     same = [_bundle(tmp_path, f"c{k}", SPECS[0], k, [5, 5, 5]) for k in range(2)]
     config = tiny_config(synth=("decoder",), decoder_samples=30, fusion=FusionConfig(mode="sd", epochs=1))
     report = json.loads(aggregate([*same, *decoders], tmp_path / "s", config=config).report_path.read_text())
@@ -91,8 +91,8 @@ def test_simulate_mixes_classifier_and_cvae_clients(tmp_path):
         "simulate", "--dataset", "digits", "--num-clients", "3", "--alpha", "1.0", "--seed", "0", "--quiet",
         "--profiles", "laptop-cpu,wearable", "--particles", "2", "--iterations", "1", "--final-epochs", "10",
         "--cvae-epochs", "10", "--synth", "decoder", "--decoder-samples", "300", "--fusion", "md",
-        "--fusion-preset", "fast", "--fusion-epochs", "10", "--distill-epochs", "10", "--server-device", "cpu",
-        "--out", str(tmp_path),
+        "--fusion-preset", "fast", "--fusion-epochs", "10", "--distill-epochs", "10",
+        "--server-device", "cpu", "--out", str(tmp_path),
     ]  # fmt: skip
     assert main(args) == 0
     results = json.loads((tmp_path / "results.json").read_text())
