@@ -26,10 +26,11 @@ from edge_sdk import __version__
 from edge_sdk.arch import ArchSpec, ChainSpec, Conv, Dense, Pool, build_model, parse_arch
 from edge_sdk.cvae import CVAE, CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
-from edge_sdk.elastic import ElasticSpec, extract, load_supernet
+from edge_sdk.elastic import ElasticSpec, extract, load_supernet, smallest
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
 from edge_sdk.train import TrainConfig, evaluate, seeded, train
+from edge_sdk.zoo import RANDOM_POOL
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_decoder_onnx, export_onnx, read_metadata
@@ -154,6 +155,8 @@ def smallest_classifier(
     if search.strategy == "fixed":
         spec = parse_arch(search.fixed_arch)
         return spec.with_num_classes(num_classes) if isinstance(spec, ChainSpec) else spec
+    if search.strategy == "evolution" and search.supernet is not None:
+        return smallest()  # the elastic space's cheapest subnet
     size, pools = min(input_shape[1], input_shape[2]), 0
     while size >= 2 and pools < search.max_depth - 2:
         size, pools = size // 2, pools + 1
@@ -164,12 +167,24 @@ def smallest_classifier(
 def _classifier_fits(
     profile: DeviceProfile, input_shape: tuple[int, int, int], num_classes: int, search: SearchConfig
 ) -> str | None:
-    """None when the smallest classifier fits the profile (FLOPs, parameters, training memory), else why."""
-    spec = smallest_classifier(input_shape, num_classes, search)
-    with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
-        model = build_model(spec, input_shape, num_classes)
-    problem = fits(profile_model(model, input_shape, batch_size=search.batch_size), profile)
-    return None if problem is None else f"smallest classifier {spec}: {problem}"
+    """None when the smallest classifier fits the profile (FLOPs, parameters, training memory), else why.
+
+    For ``random-pool`` the question is whether any pool member fits (the ablation draws only from it).
+    """
+    specs = [smallest_classifier(input_shape, num_classes, search)]
+    if search.strategy == "random-pool":
+        specs = [parse_arch(text) for text in RANDOM_POOL]
+    problems = []
+    for spec in specs:
+        if isinstance(spec, ChainSpec):
+            spec = spec.with_num_classes(num_classes)
+        with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
+            model = build_model(spec, input_shape, num_classes)
+        problem = fits(profile_model(model, input_shape, batch_size=search.batch_size), profile)
+        if problem is None:
+            return None
+        problems.append(f"{spec}: {problem}")
+    return f"smallest classifier {'; '.join(problems)}"
 
 
 def resolve_role(

@@ -1,0 +1,149 @@
+"""HAPFNAS checks on a finished MNIST federation: supernet proxy quality and evolution vs PSO.
+
+    .venv/bin/python benchmarks/hapfnas_mnist.py RUN_DIR [--clients 0 1] [--subnets 10] [--steps 300]
+
+RUN_DIR is a `server-kit simulate` output whose server kept ``synthetic.npz``. Steps, all measured:
+1. `server-kit supernet` on the run's teachers and synthetic set (sandwich rule, inplace distillation).
+2. For the first client: ``--subnets`` subnets spread over FLOPs (smallest, largest, random between), each
+   scored by the supernet proxy (inherited weights + BN recalibration on the client's train split,
+   validation accuracy) and by training from scratch for ``--scratch-epochs``; Spearman / Kendall between
+   the two (HAPFNAS Fig. 8).
+3. For each client: `edge-sdk run --strategy evolution --supernet` (same profile, final epochs and seed
+   as the PSO bundle of the run) on the client's data; accuracy on the client's own test distribution
+   beside the PSO bundle's, candidate-epochs, seconds and the predictor's held-out rank correlation.
+Writes sorted JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from edge_vs_fixed import client_test_set
+from scipy.stats import kendalltau, spearmanr
+
+from edge_sdk.client import ClientConfig, run_client, train_final
+from edge_sdk.data import load_client_data, split_train_val
+from edge_sdk.elastic import cost_of, extract, largest, load_supernet, sample_elastic, smallest
+from edge_sdk.evolution import recalibrate_bn
+from edge_sdk.search import SearchConfig
+from edge_sdk.train import evaluate
+from export.atomic import atomic_write_json
+from export.bundle import read_bundle
+from profiles import load_profile
+from server_kit.evaluate import evaluate_onnx
+from server_kit.supernet import SupernetConfig, supernet_from_bundles
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--clients", type=int, nargs="*", default=[0])
+    parser.add_argument("--subnets", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--scratch-epochs", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    run = args.run_dir
+    bundles = sorted((run / "clients").glob("client_*.bundle"))
+    result: dict = {"run_dir": str(run)}
+
+    t0 = time.perf_counter()
+    supernet_path = run / "supernet.file"
+    report = supernet_from_bundles(
+        bundles, supernet_path, aggregate_dir=run / "server", config=SupernetConfig(steps=args.steps)
+    )
+    result["supernet"] = {
+        "seconds": time.perf_counter() - t0,
+        "steps": args.steps,
+        "inputs": report["inputs"],
+    }
+    supernet = load_supernet(supernet_path)
+
+    first = args.clients[0]
+    data = load_client_data(run / "data" / f"client_{first:02d}.npz")
+    seed = int(read_bundle(bundles[first]).seed)
+    train, val = split_train_val(data, val_fraction=0.2, seed=seed)
+    rng = np.random.default_rng(0)
+    specs = [smallest(), largest(), *(sample_elastic(rng) for _ in range(args.subnets - 2))]
+    specs.sort(key=lambda s: cost_of(s, data.input_shape, data.num_classes)[0])
+    rows = []
+    for spec in specs:
+        t1 = time.perf_counter()
+        model = extract(supernet, spec)
+        recalibrate_bn(model, train, batches=8, seed=seed)
+        proxy_loss, proxy_acc = evaluate(model, val)
+        proxy_s = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        scratch = train_final(str(spec), train, val, epochs=args.scratch_epochs, seed=seed)
+        rows.append(
+            {
+                "spec": str(spec),
+                "flops": cost_of(spec, data.input_shape, data.num_classes)[0],
+                "proxy_accuracy": proxy_acc,
+                "proxy_loss": proxy_loss,
+                "proxy_seconds": proxy_s,
+                "scratch_accuracy": scratch.metrics["val_accuracy"],
+                "scratch_seconds": time.perf_counter() - t1,
+            }
+        )
+        print(rows[-1], flush=True)
+    proxy = [r["proxy_accuracy"] for r in rows]
+    scratch_acc = [r["scratch_accuracy"] for r in rows]
+    result["proxy_vs_scratch"] = {
+        "client": first,
+        "scratch_epochs": args.scratch_epochs,
+        "subnets": rows,
+        "spearman": float(spearmanr(proxy, scratch_acc).statistic),
+        "kendall": float(kendalltau(proxy, scratch_acc).statistic),
+    }
+
+    test = load_client_data(run / "data" / "test.npz")
+    evo_rows = []
+    for k in args.clients:
+        bundle = read_bundle(bundles[k])
+        data = load_client_data(run / "data" / f"client_{k:02d}.npz")
+        local = client_test_set(test, list(bundle.label_counts), size=2000, seed=k)
+        search = SearchConfig.preset(
+            "fast",
+            strategy="evolution",
+            supernet=str(supernet_path),
+            final_epochs=int(bundle.metrics["final_epochs"]),
+        )
+        config = ClientConfig(search=search, seed=int(bundle.seed), role="classifier")
+        t1 = time.perf_counter()
+        out = run / "evolution" / f"client_{k:02d}.bundle"
+        res = run_client(data, profile=load_profile(str(bundle.profile["name"])), config=config, out=out)
+        evo = read_bundle(out)
+        evo_rows.append(
+            {
+                "client": k,
+                "profile": bundle.profile["name"],
+                "pso": {
+                    "arch": bundle.arch,
+                    "accuracy": evaluate_onnx(bundle.model_onnx, local)["accuracy"],
+                    "candidate_epochs": bundle.metrics["candidate_epochs"],
+                    "search_seconds": bundle.metrics["search_seconds"],
+                    "flops": bundle.metrics["flops"],
+                },
+                "evolution": {
+                    "arch": evo.arch,
+                    "accuracy": evaluate_onnx(evo.model_onnx, local)["accuracy"],
+                    "candidate_epochs": evo.metrics["candidate_epochs"],
+                    "search_seconds": evo.metrics["search_seconds"],
+                    "flops": evo.metrics["flops"],
+                    "seconds": time.perf_counter() - t1,
+                    "predictor_heldout": res.search.details.get("predictor_heldout") if res.search else None,
+                },
+            }
+        )
+        print(evo_rows[-1], flush=True)
+    result["evolution_vs_pso"] = evo_rows
+    atomic_write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
