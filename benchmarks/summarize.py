@@ -41,7 +41,8 @@ def row(name: str) -> str:
     server = sum(v for k, v in sec.items() if k.startswith("server_") and k != "server_total")
     report_path = folder / "server_report.json"
     report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.is_file() else {}
-    training = "hard labels" if cfg["aggregate"]["hard_labels"] else "consensus KD"
+    consensus = cfg["aggregate"].get("consensus", "mean")
+    training = "hard labels" if cfg["aggregate"]["hard_labels"] else f"consensus KD ({consensus})"
     if report.get("training", "").startswith("FedMHO"):
         training = f"{report['training']} (init: {report['init']})"
     kinds = [c.get("kind", "classifier") for c in clients]
@@ -66,11 +67,52 @@ HEADER = (
 )
 
 
+def personal_rows() -> None:
+    """The personalization tables from results/personalize_*.json (benchmarks/personalize_mnist.py)."""
+    files = sorted(RESULTS.glob("personalize_*.json"))
+    if not files:
+        return
+    print(
+        "\n| run | clients | local-only | global | finetune | pkt | kdg | "
+        "seconds (finetune / pkt / kdg, all clients) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    sizes = []
+    for path in files:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        s, methods = data["summary"], ("finetune", "pkt", "kdg")
+        cells = " | ".join(f"{100 * s[m]['deploy']:.2f}" for m in methods)
+        secs = " / ".join(f"{s[m]['seconds_total']:.0f}" for m in methods)
+        print(
+            f"| {path.stem} | {len(data['clients'])} | {100 * s['local_only']:.2f} | "
+            f"{100 * s['global']:.2f} | {cells} | {secs} |"
+        )
+        for client in data["clients"]:
+            for m in methods:
+                r = client[m]
+                sizes.append((path.stem, client["client"], m, r))
+    print(
+        "\n| run | client | method | fp32 top-1 % | int8 top-1 % | kept | fp32 KB | int8 KB | "
+        "fp32 ms (b1 / b64) | int8 ms (b1 / b64) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for run, client, m, r in sizes:
+        lat = r["latency"]
+        print(
+            f"| {run} | {client} | {m} | {100 * r['fp32']:.2f} | {100 * r['int8']:.2f} | {r['kept']} | "
+            f"{r['size_bytes']['fp32'] / 1024:.0f} | {r['size_bytes']['int8'] / 1024:.0f} | "
+            f"{lat['fp32']['batch_1_ms']:.2f} / {lat['fp32']['batch_64_ms']:.1f} | "
+            f"{lat['int8']['batch_1_ms']:.2f} / {lat['int8']['batch_64_ms']:.1f} |"
+        )
+
+
 def main(argv: list[str]) -> None:
     names = argv or sorted(p.name for p in RESULTS.iterdir() if (p / "results.json").is_file())
     print(HEADER)
     for name in names:
         print(row(name))
+    if not argv:
+        personal_rows()
 
 
 if __name__ == "__main__":
