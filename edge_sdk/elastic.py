@@ -333,11 +333,15 @@ class SuperNet(nn.Module):
         return F.linear(x.mean(dim=(2, 3)), net.head.weight[:, :cin], net.head.bias)
 
 
-def subnet_slices(supernet: SuperNet, spec: ElasticSpec) -> dict[str, tuple[str, tuple[slice, ...]]]:
+def subnet_slices(
+    supernet: SuperNet, spec: ElasticSpec, net: ElasticNet | None = None
+) -> dict[str, tuple[str, tuple[slice, ...]]]:
     """For every state-dict key of the static subnet: (supernet key, index of the subnet's elements in
-    that supernet tensor). Leading channels everywhere; depthwise kernels are the centred k x k window."""
+    that supernet tensor). Leading channels everywhere; depthwise kernels are the centred k x k window.
+    ``net`` is the static subnet when the caller already built it (its shapes are read, not its values)."""
     spec.validate(supernet.input_shape)  # type: ignore[arg-type]
-    net = ElasticNet(spec, supernet.input_shape, supernet.num_classes)  # type: ignore[arg-type]
+    if net is None:
+        net = ElasticNet(spec, supernet.input_shape, supernet.num_classes)  # type: ignore[arg-type]
     big = supernet.max.state_dict()
     rename = {}
     block = 0
@@ -365,7 +369,7 @@ def extract(supernet: SuperNet, spec: ElasticSpec) -> ElasticNet:
     """A static :class:`ElasticNet` holding the supernet's slices for ``spec`` (same outputs in eval mode)."""
     net = ElasticNet(spec, supernet.input_shape, supernet.num_classes)  # type: ignore[arg-type]
     big = supernet.max.state_dict()
-    slices = subnet_slices(supernet, spec)
+    slices = subnet_slices(supernet, spec, net)
     state = {key: big[source][index].clone() for key, (source, index) in slices.items()}
     net.load_state_dict(state, strict=True)
     return net

@@ -28,6 +28,7 @@ from edge_sdk.train import seeded
 from export.atomic import atomic_write_json
 from profiles.errors import ConfigError, DataError
 from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
+from server_kit.distill import _kd_loss
 from server_kit.teachers import load_teachers
 
 __all__ = ["SupernetConfig", "supernet_from_bundles", "train_supernet"]
@@ -60,9 +61,8 @@ class SupernetConfig:
 
 
 def _kd(student: Tensor, teacher: Tensor, tau: float) -> Tensor:
-    return F.kl_div(
-        F.log_softmax(student / tau, dim=1), F.softmax(teacher / tau, dim=1), reduction="batchmean"
-    ) * (tau * tau)
+    """The distillation loss of :mod:`server_kit.distill` with the teacher given as logits."""
+    return _kd_loss(student, F.softmax(teacher / tau, dim=1), tau)
 
 
 @torch.no_grad()
