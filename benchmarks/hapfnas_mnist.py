@@ -100,6 +100,7 @@ def main(argv: list[str]) -> None:
         "spearman": float(spearmanr(proxy, scratch_acc).statistic),
         "kendall": float(kendalltau(proxy, scratch_acc).statistic),
     }
+    atomic_write_json(args.out, result)  # a partial result survives a stop during the client runs
 
     test = load_client_data(run / "data" / "test.npz")
     evo_rows = []
@@ -141,8 +142,8 @@ def main(argv: list[str]) -> None:
             }
         )
         print(evo_rows[-1], flush=True)
-    result["evolution_vs_pso"] = evo_rows
-    atomic_write_json(args.out, result)
+        result["evolution_vs_pso"] = evo_rows
+        atomic_write_json(args.out, result)
 
 
 if __name__ == "__main__":

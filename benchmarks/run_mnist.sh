@@ -5,7 +5,7 @@
 #
 # ROW is one of: pso-a0.1 pso-a0.3 pso-a0.5 fixed-a0.5 randompool-a0.5, fedmho-md-a{0.1,0.3,0.5} (5 classifier
 # + 5 CVAE clients), the server-only rows that reuse another row's clients (nozskd-a0.5, generator-a0.5,
-# pooled-a0.5, labelweighted-a0.5, inversion-a0.1, pooled-a0.1, fedmho-{ce,sd,pooled}-a0.5), or any name with
+# pooled-a0.5, labelweighted-a0.5, inversion-a0.1, pooled-a0.1, fedmho-{ce,sd}-a{0.1,0.3,0.5}, fedmho-pooled-a0.5), or any name with
 # your own options (REUSE=ROW to reuse that row's clients).
 # The run directory is runs/bench/ROW (rerun to resume); the raw outputs worth keeping (results.json,
 # the server report, the /usr/bin/time log, the pseudo-image grid) are copied to benchmarks/results/ROW/.
@@ -38,10 +38,10 @@ case "$row" in
   # FedMHO: classifier and CVAE devices alternate; decoders sampled (6,000), filtered (R_th 0.8), fused
   fedmho-md-a0.1|fedmho-md-a0.3|fedmho-md-a0.5)
     opts=(--alpha "${row##*-a}" --synth decoder --fusion md --cvae-preset mnist); PROFILES=laptop-cpu,wearable ;;
-  fedmho-ce-a0.5|fedmho-sd-a0.5)
+  fedmho-ce-a0.1|fedmho-sd-a0.1|fedmho-ce-a0.3|fedmho-sd-a0.3|fedmho-ce-a0.5|fedmho-sd-a0.5)
     mode=${row#fedmho-}; mode=${mode%%-*}
-    opts=(--alpha 0.5 --synth decoder --fusion "$mode" --cvae-preset mnist); PROFILES=laptop-cpu,wearable
-    reuse=fedmho-md-a0.5 ;;
+    opts=(--alpha "${row##*-a}" --synth decoder --fusion "$mode" --cvae-preset mnist); PROFILES=laptop-cpu,wearable
+    reuse=fedmho-md-a${row##*-a} ;;
   fedmho-pooled-a0.5)  # inversion + decoder samples, consensus labels of the classifier teachers
     opts=(--alpha 0.5 --synth inversion,decoder --cvae-preset mnist); PROFILES=laptop-cpu,wearable
     reuse=fedmho-md-a0.5 ;;

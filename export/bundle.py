@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 
 from export.atomic import atomic_write_bytes
+from export.wire import unpack_map
 from profiles.errors import BundleError
 
 __all__ = [
@@ -166,29 +167,16 @@ def bundle_to_bytes(bundle: Bundle) -> bytes:
 
 def bundle_from_bytes(data: bytes, *, source: str = "<bytes>") -> Bundle:
     """Decode and fully validate a bundle; every refusal is a BundleError naming ``source``."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise BundleError(f"{source}: expected the bundle's bytes, got {type(data).__name__}")
-    if len(data) > _MAX_FILE_BYTES:
-        raise BundleError(f"{source}: {len(data)} bytes is larger than any valid bundle ({_MAX_FILE_BYTES})")
-    try:
-        obj = msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_bin_len=MAX_MODEL_BYTES,
-            max_str_len=MAX_STRING_BYTES,
-            max_array_len=MAX_CLASSES,
-            max_map_len=MAX_MAP_ENTRIES,
-            max_ext_len=0,
-        )
-    except (msgpack.UnpackException, ValueError) as err:  # ExtraData, OutOfData, FormatError, limits
-        raise BundleError(
-            f"{source}: not a readable bundle (corrupt, truncated or not msgpack): "
-            f"{type(err).__name__}: {err}"
-        ) from err
-    if not isinstance(obj, dict):
-        raise BundleError(f"{source}: a bundle is a msgpack map, got {type(obj).__name__}")
+    obj = unpack_map(
+        data,
+        source=source,
+        what="bundle",
+        max_bytes=_MAX_FILE_BYTES,
+        max_bin=MAX_MODEL_BYTES,
+        max_str=MAX_STRING_BYTES,
+        max_array=MAX_CLASSES,
+        max_map=MAX_MAP_ENTRIES,
+    )
     version = obj.get("schema_version")
     if _int(version) != SCHEMA_VERSION:
         raise BundleError(f"{source}: {_schema_message(version)}")

@@ -24,6 +24,7 @@ import msgpack
 import numpy as np
 
 from export.atomic import atomic_write_bytes
+from export.wire import unpack_map
 from profiles.errors import BundleError
 
 __all__ = [
@@ -172,26 +173,16 @@ def _array(name: str, value: object, dtype: type) -> np.ndarray:
 
 def package_from_bytes(data: bytes, *, source: str = "<bytes>") -> Package:
     """Decode and validate; every refusal is a BundleError naming ``source``."""
-    if len(data) > _MAX_FILE_BYTES:
-        raise BundleError(f"{source}: {len(data)} bytes is larger than any valid package")
-    try:
-        obj = msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=_MAX_BIN,
-            max_str_len=_MAX_STR,
-            max_array_len=_MAX_ENTRIES,
-            max_map_len=_MAX_ENTRIES,
-            max_ext_len=0,
-        )
-    except (msgpack.UnpackException, ValueError) as err:
-        raise BundleError(
-            f"{source}: not a readable package (corrupt, truncated or not msgpack): "
-            f"{type(err).__name__}: {err}"
-        ) from err
-    if not isinstance(obj, dict):
-        raise BundleError(f"{source}: a package is a msgpack map, got {type(obj).__name__}")
+    obj = unpack_map(
+        data,
+        source=source,
+        what="package",
+        max_bytes=_MAX_FILE_BYTES,
+        max_bin=_MAX_BIN,
+        max_str=_MAX_STR,
+        max_array=_MAX_ENTRIES,
+        max_map=_MAX_ENTRIES,
+    )
     if obj.get("schema_version") != PACKAGE_SCHEMA_VERSION:
         raise BundleError(
             f"{source}: package schema_version {obj.get('schema_version')!r} is not supported "

@@ -19,6 +19,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from export.atomic import atomic_write_bytes
+from export.wire import unpack_map
 from profiles.errors import BundleError
 
 __all__ = ["WEIGHTS_SCHEMA_VERSION", "read_weights_file", "write_weights_file"]
@@ -59,15 +60,18 @@ def read_weights_file(path: str | Path, *, kind: str) -> tuple[dict[str, torch.T
         raw = path.read_bytes()
     except OSError as err:
         raise BundleError(f"cannot read weights file {path}: {err}") from err
-    try:
-        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_ext_len=0)
-    except (msgpack.UnpackException, ValueError) as err:
-        raise BundleError(
-            f"{path}: not a readable weights file (corrupt, truncated or not msgpack): {err}"
-        ) from err
-    if not isinstance(obj, dict) or set(obj) != _KEYS:
-        found = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-        raise BundleError(f"{path}: expected keys {sorted(_KEYS)}, got {found}")
+    obj = unpack_map(
+        raw,
+        source=str(path),
+        what="weights file",
+        max_bytes=_MAX_FILE_BYTES,
+        max_bin=_MAX_FILE_BYTES,
+        max_str=1 << 20,
+        max_array=1 << 20,
+        max_map=1 << 16,
+    )
+    if set(obj) != _KEYS:
+        raise BundleError(f"{path}: expected keys {sorted(_KEYS)}, got {sorted(obj)}")
     if obj["schema_version"] != WEIGHTS_SCHEMA_VERSION:
         raise BundleError(
             f"{path}: schema_version {obj['schema_version']!r} is not supported (expected "

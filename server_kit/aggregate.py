@@ -93,9 +93,10 @@ class AggregateConfig:
     seed: int = 0
     inversion: InversionConfig = field(default_factory=_fast_inversion)
     distill: DistillConfig = field(default_factory=_fast_distill)
-    # pooled synthesis sources, any of SYNTH_SOURCES; the generator distilled 5 points better than
-    # inversion on MNIST alpha 0.5 (benchmarks/RESULTS.md), so it is the default
-    synth: tuple[str, ...] = ("generator",)
+    # pooled synthesis sources, any of SYNTH_SOURCES. On MNIST (benchmarks/RESULTS.md, "Synthesis sources")
+    # inversion + generator was best at alpha 0.5 (93.80 vs 91.62 generator, 86.57 inversion) and within
+    # 0.7 point of the best at alpha 0.1, so the pooled pair is the default
+    synth: tuple[str, ...] = ("inversion", "generator")
     generator: GeneratorConfig = field(default_factory=GeneratorConfig.preset)
     consensus: str = "mean"
     decoder_samples: int = 6000  # FedMHO's synthetic budget (12,000 for EMNIST)
@@ -155,7 +156,7 @@ class AggregateConfig:
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: Any) -> AggregateConfig:
-        """``fast`` (CPU minutes, the default) or ``paper`` (N_syn 4000, ZSKD inversion settings)."""
+        """``fast`` (CPU minutes, the default) or ``paper`` (pFedZKD: inversion only, N_syn 4000, ZSKD settings)."""
         if name not in _DISTILL_PRESETS:
             raise ConfigError(f"unknown aggregate preset {name!r}; expected {sorted(_DISTILL_PRESETS)}")
         known = {f.name for f in fields(cls)}
@@ -166,6 +167,8 @@ class AggregateConfig:
             "inversion": InversionConfig.preset(name),
             "distill": DistillConfig(**_DISTILL_PRESETS[name]),
         }
+        if name == "paper":
+            base["synth"] = ("inversion",)
         return cls(**{**base, **overrides})
 
     @property

@@ -51,7 +51,7 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--student", help="student architecture spec (any edge-sdk spec)")
     g.add_argument(
         "--synth",
-        help="synthesis sources, pooled: generator (default), inversion, decoder (FedMHO); "
+        help="synthesis sources, pooled: inversion,generator (default), decoder (FedMHO); "
         "e.g. inversion,decoder",
     )
     g.add_argument("--decoder-samples", type=int, help="images decoded from the CVAE decoders (paper: 6000)")
@@ -98,7 +98,9 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inversion-lr", type=float)
     g.add_argument("--inversion-batch-size", type=int)
     g.add_argument("--inversion-tau", type=float, help="temperature of the inversion loss")
-    g.add_argument("--bn-weight", type=float, help="BatchNorm-statistics matching weight (0 = off, paper)")
+    g.add_argument(
+        "--bn-weight", type=float, help="BatchNorm-statistics matching weight (fast preset 1, paper 0 = off)"
+    )
     g.add_argument("--tv-weight", type=float, help="total-variation prior weight (0 = off, paper)")
     g.add_argument("--l2-weight", type=float, help="l2 image prior weight (0 = off, paper)")
     g.add_argument("--distill-epochs", type=int)

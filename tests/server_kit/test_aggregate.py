@@ -154,6 +154,8 @@ def test_presets():
     assert default == AggregateConfig.preset("fast")
     paper = AggregateConfig.preset("paper", seed=4)
     assert paper.inversion.samples_per_teacher == 4000 and paper.distill.tau == 4.0 and paper.seed == 4
+    assert paper.synth == ("inversion",) and paper.inversion.bn_weight == 0.0
+    assert default.synth == ("inversion", "generator") and default.inversion.bn_weight == 1.0
     assert dataclasses.replace(default, hard_labels=True).use_hard_labels
     with pytest.raises(ConfigError, match="unknown aggregate preset"):
         AggregateConfig.preset("slow")

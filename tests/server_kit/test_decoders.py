@@ -29,18 +29,26 @@ SHAPE = (1, 6, 6)
 COUNTS = (3, 0, 5, 2)
 
 
-def _bundle(tmp_path: Path, name: str = "d.bundle", seed: int = 0, counts: tuple[int, ...] = COUNTS) -> Path:
+def decoder_bundle(
+    tmp_path: Path,
+    name: str = "d.bundle",
+    seed: int = 0,
+    counts: tuple[int, ...] = COUNTS,
+    shape: tuple[int, int, int] = SHAPE,
+    latent: int = 3,
+) -> Path:
+    """An untrained (seeded) cvae-small decoder bundle: enough for loading, sampling and fusion tests."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = build_cvae("cvae-small", SHAPE, len(counts), 3).eval()
+        model = build_cvae("cvae-small", shape, len(counts), latent).eval()
     trained = TrainedCVAE(
         module=model,
         arch=model.arch,
         num_classes=len(counts),
-        input_shape=SHAPE,
+        input_shape=shape,
         label_counts=counts,
         num_examples=sum(counts),
-        latent_dim=3,
+        latent_dim=latent,
         metrics={"val_loss": 1.0},
     )
     bundle_cvae(trained, load_profile("wearable"), tmp_path / name, seed=seed)
@@ -52,7 +60,7 @@ def _ort(bundle: Bundle, z: torch.Tensor, y: torch.Tensor) -> np.ndarray:
 
 
 def test_load_decoder_rebuilds_with_parity(tmp_path: Path) -> None:
-    path = _bundle(tmp_path)
+    path = decoder_bundle(tmp_path)
     decoder = load_decoder(path)
     assert isinstance(decoder, Decoder) and not decoder.training
     assert not any(p.requires_grad for p in decoder.parameters())
@@ -64,7 +72,7 @@ def test_load_decoder_rebuilds_with_parity(tmp_path: Path) -> None:
 
 
 def test_load_decoder_falls_back_to_onnxruntime(tmp_path: Path) -> None:
-    bundle = dataclasses.replace(read_bundle(_bundle(tmp_path)), arch="someone-elses-decoder")
+    bundle = dataclasses.replace(read_bundle(decoder_bundle(tmp_path)), arch="someone-elses-decoder")
     decoder = load_decoder(bundle)
     assert isinstance(decoder, OnnxDecoder)
     z, y = torch.zeros(2, 3), torch.eye(4)[:2]
@@ -77,14 +85,14 @@ def test_load_decoder_falls_back_to_onnxruntime(tmp_path: Path) -> None:
 
 
 def test_load_decoder_refuses_classifiers(tmp_path: Path) -> None:
-    bundle = read_bundle(_bundle(tmp_path))
+    bundle = read_bundle(decoder_bundle(tmp_path))
     classifier = dataclasses.replace(bundle, kind="classifier", latent_dim=None)
     with pytest.raises(TeacherError, match="not a cvae_decoder"):
         load_decoder(classifier)
 
 
 def test_bundle_refuses_decoder_without_latent_dim_or_label_counts(tmp_path: Path) -> None:
-    bundle = read_bundle(_bundle(tmp_path))
+    bundle = read_bundle(decoder_bundle(tmp_path))
     with pytest.raises(BundleError, match="needs latent_dim"):
         dataclasses.replace(bundle, latent_dim=None)
     wire = msgpack.unpackb(bundle_to_bytes(bundle), raw=False)
@@ -166,8 +174,8 @@ def test_sample_decoders_follows_the_allocation() -> None:
 
 def test_sample_real_decoders_from_bundles(tmp_path: Path) -> None:
     paths = [
-        _bundle(tmp_path, "a.bundle", seed=1),
-        _bundle(tmp_path, "b.bundle", seed=2, counts=(0, 4, 4, 0)),
+        decoder_bundle(tmp_path, "a.bundle", seed=1),
+        decoder_bundle(tmp_path, "b.bundle", seed=2, counts=(0, 4, 4, 0)),
     ]
     bundles = [read_bundle(p) for p in paths]
     decoders = [load_decoder(b) for b in bundles]

@@ -8,34 +8,18 @@ import math
 import pytest
 import torch
 
-from edge_sdk.client import TrainedCVAE, bundle_cvae
-from edge_sdk.cvae import build_cvae
-from profiles import load_profile
 from profiles.errors import ConfigError
 from server_kit.aggregate import AggregateConfig, aggregate, load_synthetic
 from server_kit.cli import main
 from server_kit.fusion import FusionConfig
 from tests.server_kit.test_aggregate import SHAPE, SPECS, L, _bundle, bundles, tiny_config  # noqa: F401
+from tests.server_kit.test_decoders import decoder_bundle
 
 FUSION = FusionConfig(mode="md", epochs=2, batch_size=8)
 
 
 def _decoder(tmp_path, name: str, seed: int, counts: tuple[int, ...]) -> str:
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = build_cvae("cvae-small", SHAPE, len(counts), 2).eval()
-    trained = TrainedCVAE(
-        module=model,
-        arch=model.arch,
-        num_classes=len(counts),
-        input_shape=SHAPE,
-        label_counts=counts,
-        num_examples=sum(counts),
-        latent_dim=2,
-        metrics={"val_loss": 1.0},
-    )
-    bundle_cvae(trained, load_profile("wearable"), tmp_path / name, seed=seed)
-    return str(tmp_path / name)
+    return str(decoder_bundle(tmp_path, name, seed, counts, shape=SHAPE, latent=2))
 
 
 @pytest.fixture(scope="module")
