@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import ModelProfile, profile_model
 from edge_sdk.train import seeded, to_float
+from profiles.checks import check_int, from_preset
 from profiles.errors import ConfigError, DataError, SpecError
 
 __all__ = [
@@ -109,9 +110,9 @@ class CVAEConfig:
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ConfigError(f"model must be one of {MODELS}, got {self.model!r}")
-        _check_int("latent_dim", self.latent_dim, 1, MAX_LATENT_DIM)
-        _check_int("epochs", self.epochs, 0, None)
-        _check_int("batch_size", self.batch_size, 1, None)
+        check_int("latent_dim", self.latent_dim, 1, MAX_LATENT_DIM)
+        check_int("epochs", self.epochs, 0, None)
+        check_int("batch_size", self.batch_size, 1, None)
         if (
             isinstance(self.lr, bool)
             or not isinstance(self.lr, int | float)
@@ -123,14 +124,7 @@ class CVAEConfig:
     def preset(cls, name: str, **overrides: Any) -> CVAEConfig:
         """``fast`` or a dataset's paper settings (``mnist``, ``fashionmnist``, ``svhn``, ``emnist``; and
         ``cifar10`` from the reference code), with any field overridden by keyword."""
-        key = str(name).lower().replace("-", "").replace("_", "")
-        if key not in _PRESETS:
-            raise ConfigError(f"unknown CVAE preset {name!r}; expected one of {sorted(_PRESETS)}")
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - valid)
-        if unknown:
-            raise ConfigError(f"unknown CVAE options {unknown}; valid options are {sorted(valid)}")
-        return cls(**(_PRESETS[key] | overrides))
+        return from_preset(cls, _PRESETS, name, "CVAE", **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -138,17 +132,6 @@ class CVAEConfig:
     @property
     def arch(self) -> str:
         return cvae_arch(self.model, self.latent_dim)
-
-
-def _check_int(name: str, value: object, low: int, high: int | None) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ConfigError(f"{name} must be an integer {bound}, got {value!r}")
 
 
 def cvae_arch(model: str, latent_dim: int) -> str:

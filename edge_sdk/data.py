@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from export.atomic import atomic_write_bytes, atomic_write_json
+from profiles.checks import check_int
 from profiles.errors import ConfigError, DataError
 
 __all__ = [
@@ -205,12 +206,6 @@ def load_dataset(
     return _load_torchvision(key, Path(root).expanduser(), split, download)
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _check_alpha(alpha: float) -> float:
     if (
         isinstance(alpha, bool)
@@ -245,11 +240,11 @@ def dirichlet_partition(
     labels = np.asarray(labels)
     if labels.ndim != 1 or not (np.issubdtype(labels.dtype, np.integer) or labels.size == 0):
         raise DataError(f"labels must be a 1-D integer array, got {labels.dtype} of shape {labels.shape}")
-    num_clients = _check_int("num_clients", num_clients, 1)
+    num_clients = check_int("num_clients", num_clients, 1)
     alpha = _check_alpha(alpha)
-    seed = _check_int("seed", seed, 0)
-    min_size = _check_int("min_size", min_size, 0)
-    max_attempts = _check_int("max_attempts", max_attempts, 1)
+    seed = check_int("seed", seed, 0)
+    min_size = check_int("min_size", min_size, 0)
+    max_attempts = check_int("max_attempts", max_attempts, 1)
     n = len(labels)
     if num_clients > n:
         raise DataError(f"num_clients must be <= the {n} samples, got {num_clients}; use fewer clients")
@@ -297,7 +292,7 @@ def split_train_val(
         or not 0 < val_fraction < 1
     ):
         raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
-    seed = _check_int("seed", seed, 0)
+    seed = check_int("seed", seed, 0)
     n = len(ds)
     if n < 2:
         raise DataError(f"a train / validation split needs at least 2 samples, got {n}")
@@ -401,7 +396,7 @@ def load_client_data(path: str | Path, *, num_classes: int | None = None) -> Arr
     """
     path = Path(path).expanduser()
     if num_classes is not None:
-        num_classes = _check_int("num_classes", num_classes, 1)
+        num_classes = check_int("num_classes", num_classes, 1)
     if not path.exists():
         raise DataError(f"client data {path} does not exist; pass an .npz file or an image-folder directory")
     if path.is_dir():
@@ -438,10 +433,10 @@ def partition(
     ``partition.json`` exists is complete. Stale ``client_*.npz`` files of an earlier run are removed.
     """
     key = _check_name(dataset)
-    num_clients = _check_int("num_clients", num_clients, 1)
+    num_clients = check_int("num_clients", num_clients, 1)
     alpha = _check_alpha(alpha)
-    seed = _check_int("seed", seed, 0)
-    min_size = _check_int("min_size", min_size, 0)
+    seed = check_int("seed", seed, 0)
+    min_size = check_int("min_size", min_size, 0)
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out_dir must be a directory, got the file {out}")

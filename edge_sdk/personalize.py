@@ -51,6 +51,7 @@ from export.onnx_export import INPUT_NAME, export_onnx, onnx_session
 from export.package import Package
 from export.quantize import latency_ms, quantize_int8
 from export.weights import initializer_state_dict
+from profiles.checks import check_int, check_number
 from profiles.errors import ConfigError, DataError
 
 __all__ = [
@@ -108,14 +109,14 @@ class PersonalizeConfig:
         if bad or not self.kdg_terms:
             raise ConfigError(f"kdg_terms must be a non-empty subset of {KDG_TERMS}, got {self.kdg_terms!r}")
         for name in ("epochs", "batch_size", "distill_batch_size", "attention_dim", "calibration_size"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("local_generator_steps", self.local_generator_steps, 0)
+            check_int(name, getattr(self, name), 1)
+        check_int("local_generator_steps", self.local_generator_steps, 0)
         if self.seed is not None:
-            _check_int("seed", self.seed, 0)
+            check_int("seed", self.seed, 0)
         for name in ("lr", "kd_temperature"):
-            _check_number(name, getattr(self, name), positive=True)
+            check_number(name, getattr(self, name), positive=True)
         for name in ("momentum", "lam", "tau", "alpha_lr", "int8_tolerance"):
-            _check_number(name, getattr(self, name), positive=False)
+            check_number(name, getattr(self, name), positive=False)
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
 
@@ -123,17 +124,6 @@ class PersonalizeConfig:
         out = asdict(self)
         out["kdg_terms"] = list(self.kdg_terms)
         return out
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
-def _check_number(name: str, value: object, *, positive: bool) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):  # type: ignore[operator]
-        raise ConfigError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
 
 
 @dataclass(frozen=True)

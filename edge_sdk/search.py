@@ -54,6 +54,7 @@ from edge_sdk.profiling import ModelProfile, fits, profile_model
 from edge_sdk.train import TrainConfig, evaluate, seeded, train
 from edge_sdk.zoo import RANDOM_POOL
 from profiles import DeviceProfile
+from profiles.checks import check_int, from_preset
 from profiles.errors import BudgetError, ConfigError, DataError, SpecError
 
 __all__ = [
@@ -128,20 +129,20 @@ class SearchConfig:
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         for name, low in (("particles", 1), ("iterations", 0), ("epochs", 1), ("repeats", 1)):
-            _check_int(name, getattr(self, name), low)
-        _check_int("final_epochs", self.final_epochs, 0)
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("max_depth", self.max_depth, MIN_DEPTH)
+            check_int(name, getattr(self, name), low)
+        check_int("final_epochs", self.final_epochs, 0)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("max_depth", self.max_depth, MIN_DEPTH)
         for name in ("population", "reevaluate", "calib_batches"):
-            _check_int(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1)
         for name in ("mutations", "crossovers", "generations"):
-            _check_int(name, getattr(self, name), 0)
+            check_int(name, getattr(self, name), 0)
         if self.supernet is not None and not isinstance(self.supernet, str):
             raise ConfigError(f"supernet must be a file path or None, got {self.supernet!r}")
         if self.max_depth > MAX_DEPTH:
             raise ConfigError(f"max_depth must be in [{MIN_DEPTH}, {MAX_DEPTH}], got {self.max_depth}")
         if self.max_train_samples is not None:
-            _check_int("max_train_samples", self.max_train_samples, 1)
+            check_int("max_train_samples", self.max_train_samples, 1)
         if not (isinstance(self.cg, int | float) and 0.0 <= self.cg <= 1.0):
             raise ConfigError(f"cg must be a number in [0, 1], got {self.cg!r}")
         if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
@@ -172,18 +173,7 @@ class SearchConfig:
                 "generations": 20,
             },
         }
-        if name not in presets:
-            raise ConfigError(f"unknown search preset {name!r}; expected one of {sorted(presets)}")
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - valid)
-        if unknown:
-            raise ConfigError(f"unknown search options {unknown}; valid options are {sorted(valid)}")
-        return cls(**(presets[name] | overrides))
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        return from_preset(cls, presets, name, "search", **overrides)
 
 
 @dataclass(frozen=True)
@@ -271,10 +261,10 @@ def sample_spec(
     :data:`HIDDEN_UNITS`, then the ``num_classes`` head); the rest is a C followed by C (probability 0.7)
     or P (0.3, max or average at even odds). A P that would shrink the map below 1x1 becomes a C.
     """
-    _check_int("max_depth", max_depth, MIN_DEPTH)
+    check_int("max_depth", max_depth, MIN_DEPTH)
     if max_depth > MAX_DEPTH:
         raise ConfigError(f"max_depth must be in [{MIN_DEPTH}, {MAX_DEPTH}], got {max_depth}")
-    _check_int("num_classes", num_classes, 1)
+    check_int("num_classes", num_classes, 1)
     depth = int(rng.integers(MIN_DEPTH, max_depth + 1))
     n_dense = int(rng.integers(1, min(MAX_DENSE, depth - 1) + 1))
     size = min(input_shape[1], input_shape[2])
@@ -610,7 +600,7 @@ def search(
     Deterministic for a given seed on a given device (weight init, batch order and Dropout are seeded per
     candidate). Raises :class:`BudgetError` when the budget admits no candidate.
     """
-    _check_int("seed", seed, 0)
+    check_int("seed", seed, 0)
     if len(train) == 0 or len(val) == 0:
         raise DataError(
             f"search needs non-empty train and validation splits, got {len(train)} and {len(val)}"

@@ -25,6 +25,7 @@ import numpy as np
 
 from export.atomic import atomic_write_bytes
 from export.wire import unpack_map
+from profiles.checks import check_int
 from profiles.errors import BundleError
 
 __all__ = [
@@ -88,8 +89,8 @@ class Package:
             not isinstance(self.generator_onnx, bytes) or not self.generator_onnx
         ):
             raise BundleError("generator_onnx must be None or non-empty bytes")
-        _check_int("num_classes", self.num_classes, 2)
-        _check_int("seed", self.seed, 0)
+        check_int("num_classes", self.num_classes, 2, error=BundleError)
+        check_int("seed", self.seed, 0, error=BundleError)
         shape = tuple(self.input_shape)
         if len(shape) != 3 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape):
             raise BundleError(f"input_shape must be three positive ints (C, H, W), got {self.input_shape!r}")
@@ -124,11 +125,6 @@ class Package:
                 f"not for this device's model ({own[:12]}...); fix: use the package the server wrote for "
                 "this client's bundle"
             )
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise BundleError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 def _wire(package: Package) -> dict[str, Any]:

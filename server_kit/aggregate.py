@@ -14,7 +14,7 @@ import io
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from edge_sdk.train import seeded
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import read_bundle
 from export.onnx_export import export_onnx
+from profiles.checks import from_preset
 from profiles.errors import ConfigError, DataError, SpecError
 from server_kit.decoders import filter_by_centroid, load_decoder, sample_decoders
 from server_kit.distill import DistillConfig, consensus, distill, label_count_weights
@@ -156,20 +157,17 @@ class AggregateConfig:
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: Any) -> AggregateConfig:
-        """``fast`` (CPU minutes, the default) or ``paper`` (pFedZKD: inversion only, N_syn 4000, ZSKD settings)."""
-        if name not in _DISTILL_PRESETS:
-            raise ConfigError(f"unknown aggregate preset {name!r}; expected {sorted(_DISTILL_PRESETS)}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(f"unknown AggregateConfig fields {unknown}; valid: {sorted(known)}")
-        base: dict[str, Any] = {
-            "inversion": InversionConfig.preset(name),
-            "distill": DistillConfig(**_DISTILL_PRESETS[name]),
+        """``fast`` (CPU minutes, the default) or ``paper`` (pFedZKD: inversion only, N_syn 4000, its
+        ZSKD settings), with any field overridden by keyword."""
+        presets = {
+            key: {
+                "inversion": InversionConfig.preset(key),
+                "distill": DistillConfig(**_DISTILL_PRESETS[key]),
+                **({"synth": ("inversion",)} if key == "paper" else {}),
+            }
+            for key in _DISTILL_PRESETS
         }
-        if name == "paper":
-            base["synth"] = ("inversion",)
-        return cls(**{**base, **overrides})
+        return from_preset(cls, presets, name, "aggregate", **overrides)
 
     @property
     def use_hard_labels(self) -> bool:

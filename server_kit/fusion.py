@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from edge_sdk.train import seeded
+from profiles.checks import from_preset
 from profiles.errors import ConfigError, DataError
 
 __all__ = ["MODES", "FusionConfig", "fuse", "fusion_loss", "teacher_probs"]
@@ -95,14 +96,7 @@ class FusionConfig:
     def preset(cls, name: str, **overrides: Any) -> FusionConfig:
         """``fast`` or a dataset's Table 3 settings (``mnist``, ``fashionmnist``, ``svhn``, ``emnist``),
         with any field overridden by keyword."""
-        key = str(name).lower().replace("-", "").replace("_", "")
-        if key not in _PRESETS:
-            raise ConfigError(f"unknown fusion preset {name!r}; expected one of {sorted(_PRESETS)}")
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - valid)
-        if unknown:
-            raise ConfigError(f"unknown fusion options {unknown}; valid options are {sorted(valid)}")
-        return cls(**(_PRESETS[key] | overrides))
+        return from_preset(cls, _PRESETS, name, "fusion", **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

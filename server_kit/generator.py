@@ -29,7 +29,7 @@ import contextlib
 import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.onnx_export import export_decoder_onnx, read_metadata
 from export.weights import initializer_state_dict
+from profiles.checks import check_int, from_preset, is_number
 from profiles.errors import BundleError, ConfigError
 from server_kit.distill import label_count_weights
 from server_kit.inversion import SyntheticSet
@@ -103,17 +104,17 @@ class GeneratorConfig:
 
     def __post_init__(self) -> None:
         for name in ("nz", "width", "steps", "samples"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("batch_size", self.batch_size, 2)  # BatchNorm and pairwise diversity need 2
+            check_int(name, getattr(self, name), 1)
+        check_int("batch_size", self.batch_size, 2)  # BatchNorm and pairwise diversity need 2
         for name in ("lr", "tau"):
             value = getattr(self, name)
-            if not _is_number(value) or value <= 0:
+            if not is_number(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
         for name in ("ce_weight", "div_weight", "bn_weight", "adv_weight"):
             value = getattr(self, name)
-            if not _is_number(value) or value < 0:
+            if not is_number(value) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
-        if not _is_number(self.filter_fraction) or not 0 <= self.filter_fraction < 1:
+        if not is_number(self.filter_fraction) or not 0 <= self.filter_fraction < 1:
             raise ConfigError(f"filter_fraction must be in [0, 1), got {self.filter_fraction!r}")
         if not isinstance(self.filter_during_training, bool):
             raise ConfigError(f"filter_during_training must be a bool, got {self.filter_during_training!r}")
@@ -121,26 +122,10 @@ class GeneratorConfig:
     @classmethod
     def preset(cls, name: str = "fast", **overrides: object) -> GeneratorConfig:
         """A named preset (``fast``) with keyword overrides."""
-        if name not in _PRESETS:
-            raise ConfigError(f"unknown generator preset {name!r}; expected one of {sorted(_PRESETS)}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(f"unknown GeneratorConfig fields {unknown}; valid: {sorted(known)}")
-        return cls(**{**_PRESETS[name], **overrides})  # type: ignore[arg-type]
+        return from_preset(cls, _PRESETS, name, "generator", **overrides)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_int(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
 
 
 # ------------------------------------------------------------------------------------------- the network
@@ -324,7 +309,7 @@ def gradient_noise_scores(
         raise ConfigError("gradient_noise_scores needs at least one teacher")
     if x.shape[0] != y.shape[0]:
         raise ConfigError(f"x has {x.shape[0]} samples but y {y.shape[0]}")
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     dev = _resolve_device(device)
     weights = class_weights.to(dev)
     norms = []
@@ -357,7 +342,7 @@ def filter_noisy(scores: Tensor, fraction: float) -> Tensor:
     """
     if scores.ndim != 1:
         raise ConfigError(f"scores must be a 1-D tensor, got shape {tuple(scores.shape)}")
-    if not _is_number(fraction) or not 0 <= fraction < 1:
+    if not is_number(fraction) or not 0 <= fraction < 1:
         raise ConfigError(f"fraction must be in [0, 1), got {fraction!r}")
     n = scores.shape[0]
     drop = math.floor(fraction * n)
@@ -442,7 +427,7 @@ def train_generator(
     if not teachers:
         raise ConfigError("train_generator needs at least one teacher")
     shape = _check_shape(input_shape)
-    _check_int("num_classes", num_classes, 2)
+    check_int("num_classes", num_classes, 2)
     counts = _label_inputs(label_counts, len(teachers), num_classes)
     dev = _resolve_device(device)
     weights = label_count_weights(counts.tolist()).to(dev)  # K x L
@@ -521,8 +506,8 @@ def sample_generator(
     z ~ N(0, I), both on the CPU from ``seed``, so the draw does not depend on the device. Eval mode
     makes each sample independent of the batch it is generated in. G's train/eval mode is restored.
     """
-    _check_int("n", n, 1)
-    _check_int("batch_size", batch_size, 1)
+    check_int("n", n, 1)
+    check_int("batch_size", batch_size, 1)
     probs = _label_distribution(label_counts_pooled).float()
     if probs.numel() != generator.num_classes:
         raise ConfigError(

@@ -31,7 +31,7 @@ import io
 import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from export.atomic import atomic_write_bytes, atomic_write_json
+from profiles.checks import from_preset
 from profiles.errors import ConfigError, DataError
 
 __all__ = [
@@ -101,15 +102,9 @@ class InversionConfig:
     @classmethod
     def preset(cls, name: str = "fast", **overrides: object) -> InversionConfig:
         """A named preset (``fast``, ``paper``, ``quality``) with keyword overrides."""
-        if name not in _PRESETS:
-            raise ConfigError(f"unknown inversion preset {name!r}; expected one of {sorted(_PRESETS)}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(f"unknown InversionConfig fields {unknown}; valid: {sorted(known)}")
         if "betas" in overrides and isinstance(overrides["betas"], list):
-            overrides["betas"] = tuple(overrides["betas"])  # type: ignore[arg-type]
-        return cls(**{**_PRESETS[name], **overrides})  # type: ignore[arg-type]
+            overrides["betas"] = tuple(overrides["betas"])
+        return from_preset(cls, _PRESETS, name, "inversion", **overrides)
 
     def to_dict(self) -> dict[str, object]:
         out = asdict(self)

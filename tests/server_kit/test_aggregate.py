@@ -159,7 +159,7 @@ def test_presets():
     assert dataclasses.replace(default, hard_labels=True).use_hard_labels
     with pytest.raises(ConfigError, match="unknown aggregate preset"):
         AggregateConfig.preset("slow")
-    with pytest.raises(ConfigError, match="unknown AggregateConfig fields"):
+    with pytest.raises(ConfigError, match="unknown aggregate options"):
         AggregateConfig.preset("fast", epochs=3)
 
 

@@ -118,7 +118,7 @@ def test_presets():
     assert InversionConfig.preset("fast", steps=3).steps == 3
     with pytest.raises(ConfigError, match="unknown inversion preset"):
         InversionConfig.preset("nope")
-    with pytest.raises(ConfigError, match="unknown InversionConfig fields"):
+    with pytest.raises(ConfigError, match="unknown inversion options"):
         InversionConfig.preset("fast", stepz=3)
 
 
