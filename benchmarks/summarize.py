@@ -72,38 +72,123 @@ def personal_rows() -> None:
     files = sorted(RESULTS.glob("personalize_*.json"))
     if not files:
         return
+    methods = ("finetune", "pkt", "kdg")
     print(
         "\n| run | clients | local-only | global | finetune | pkt | kdg | "
-        "seconds (finetune / pkt / kdg, all clients) |"
+        "seconds per client (finetune / pkt / kdg) | PKE seconds (all clients) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    sizes = []
+    print("|---|---|---|---|---|---|---|---|---|")
+    runs = []
     for path in files:
         data = json.loads(path.read_text(encoding="utf-8"))
-        s, methods = data["summary"], ("finetune", "pkt", "kdg")
+        s, n = data["summary"], len(data["clients"])
         cells = " | ".join(f"{100 * s[m]['deploy']:.2f}" for m in methods)
-        secs = " / ".join(f"{s[m]['seconds_total']:.0f}" for m in methods)
+        secs = " / ".join(f"{s[m]['seconds_total'] / n:.0f}" for m in methods)
         print(
-            f"| {path.stem} | {len(data['clients'])} | {100 * s['local_only']:.2f} | "
-            f"{100 * s['global']:.2f} | {cells} | {secs} |"
+            f"| {path.stem} | {n} | {100 * s['local_only']:.2f} | {100 * s['global']:.2f} | {cells} | "
+            f"{secs} | {data['pke_seconds']:.0f} |"
         )
-        for client in data["clients"]:
-            for m in methods:
-                r = client[m]
-                sizes.append((path.stem, client["client"], m, r))
+        runs.append((path.stem, data["clients"]))
     print(
-        "\n| run | client | method | fp32 top-1 % | int8 top-1 % | kept | fp32 KB | int8 KB | "
-        "fp32 ms (b1 / b64) | int8 ms (b1 / b64) |"
+        "\n| run | method | fp32 top-1 % | int8 top-1 % | int8 kept | fp32 KB | int8 KB | "
+        "fp32 ms (batch 1 / 64) | int8 ms (batch 1 / 64) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for run, client, m, r in sizes:
-        lat = r["latency"]
-        print(
-            f"| {run} | {client} | {m} | {100 * r['fp32']:.2f} | {100 * r['int8']:.2f} | {r['kept']} | "
-            f"{r['size_bytes']['fp32'] / 1024:.0f} | {r['size_bytes']['int8'] / 1024:.0f} | "
-            f"{lat['fp32']['batch_1_ms']:.2f} / {lat['fp32']['batch_64_ms']:.1f} | "
-            f"{lat['int8']['batch_1_ms']:.2f} / {lat['int8']['batch_64_ms']:.1f} |"
-        )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for run, clients in runs:
+        for m in methods:
+            rs = [c[m] for c in clients]
+
+            def mean(get, rs=rs) -> float:
+                return sum(get(r) for r in rs) / len(rs)
+
+            print(
+                f"| {run} | {m} | {100 * mean(lambda r: r['fp32']):.2f} | "
+                f"{100 * mean(lambda r: r['int8']):.2f} | "
+                f"{sum(r['kept'] == 'int8' for r in rs)}/{len(rs)} | "
+                f"{mean(lambda r: r['size_bytes']['fp32']) / 1024:.0f} | "
+                f"{mean(lambda r: r['size_bytes']['int8']) / 1024:.0f} | "
+                f"{mean(lambda r: r['latency']['fp32']['batch_1_ms']):.2f} / "
+                f"{mean(lambda r: r['latency']['fp32']['batch_64_ms']):.1f} | "
+                f"{mean(lambda r: r['latency']['int8']['batch_1_ms']):.2f} / "
+                f"{mean(lambda r: r['latency']['int8']['batch_64_ms']):.1f} |"
+            )
+
+
+# FedMHO Table 4, MNIST, 10 clients (5 classifier + 5 CVAE): FedMHO (ce), FedMHO-MD, FedMHO-SD
+FEDMHO_PAPER = {
+    "0.1": {"ce": 88.48, "md": 91.22, "sd": 91.55},
+    "0.3": {"ce": 92.43, "md": 93.98, "sd": 94.25},
+    "0.5": {"ce": 93.45, "md": 95.71, "sd": 95.67},
+}
+
+
+def fedmho_rows() -> None:
+    """Ours beside FedMHO's Table 4 for every fedmho-{ce,md,sd}-aX row that has results."""
+    print("\n| alpha | FedMHO (ce): ours / paper | FedMHO-MD: ours / paper | FedMHO-SD: ours / paper |")
+    print("|---|---|---|---|")
+    for alpha, paper in FEDMHO_PAPER.items():
+        cells = []
+        for mode in ("ce", "md", "sd"):
+            path = RESULTS / f"fedmho-{mode}-a{alpha}" / "results.json"
+            ours = (
+                f"{100 * json.loads(path.read_text(encoding='utf-8'))['global_accuracy']:.2f}"
+                if path.is_file()
+                else "not run"
+            )
+            cells.append(f"{ours} / {paper[mode]:.2f}")
+        print(f"| {alpha} | " + " | ".join(cells) + " |")
+
+
+def hapfnas_rows() -> None:
+    """Proxy-vs-scratch rank correlation and evolution-vs-PSO rows from results/hapfnas_*.json."""
+    for path in sorted(RESULTS.glob("hapfnas_*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        sn = data["supernet"]
+        print(f"\n{path.stem}: supernet {sn['steps']} steps in {sn['seconds']:.0f} s")
+        pvs = data.get("proxy_vs_scratch")
+        if pvs:
+            print(
+                f"\nproxy vs scratch ({len(pvs['subnets'])} subnets, client {pvs['client']}, "
+                f"{pvs['scratch_epochs']} scratch epochs): Spearman {pvs['spearman']:.3f}, "
+                f"Kendall {pvs['kendall']:.3f}\n"
+            )
+            print("| subnet | MFLOPs | proxy top-1 % | proxy s | scratch top-1 % | scratch s |")
+            print("|---|---|---|---|---|---|")
+            for r in pvs["subnets"]:
+                print(
+                    f"| `{r['spec']}` | {r['flops'] / 1e6:.1f} | {100 * r['proxy_accuracy']:.2f} | "
+                    f"{r['proxy_seconds']:.1f} | {100 * r['scratch_accuracy']:.2f} | "
+                    f"{r['scratch_seconds']:.0f} |"
+                )
+        pred = data.get("predictor")
+        if pred:
+            print(
+                f"\npredictor (random forest, 100 trees, depth 15), {pred['folds']}-fold out-of-fold on "
+                f"{pred['specs']} proxy-scored subnets of client {pred['client']}: Spearman "
+                f"{pred['spearman']:.3f}, Kendall {pred['kendall']:.3f} ({pred['seconds']:.0f} s)"
+            )
+        rows = data.get("evolution_vs_pso", [])
+        if rows:
+            print(
+                "\n| client | profile | PSO arch | PSO top-1 % | PSO cand-epochs | PSO search s | "
+                "evolution arch | evolution top-1 % | evolution cand-epochs | evolution search s | "
+                "evolution MFLOPs | predictor held-out Spearman / Kendall |"
+            )
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            for r in rows:
+                pso, evo = r["pso"], r["evolution"]
+                held = evo.get("predictor_heldout") or {}
+                corr = (
+                    f"{held['spearman']:.3f} / {held['kendall']:.3f} (n={held['n']})"
+                    if held.get("spearman") is not None
+                    else "n/a"
+                )
+                print(
+                    f"| {r['client']} | {r['profile']} | `{pso['arch']}` | {100 * pso['accuracy']:.2f} | "
+                    f"{pso['candidate_epochs']} | {pso['search_seconds']:.0f} | `{evo['arch']}` | "
+                    f"{100 * evo['accuracy']:.2f} | {evo['candidate_epochs']} | "
+                    f"{evo['search_seconds']:.0f} | {evo['flops'] / 1e6:.1f} | {corr} |"
+                )
 
 
 def main(argv: list[str]) -> None:
@@ -112,7 +197,9 @@ def main(argv: list[str]) -> None:
     for name in names:
         print(row(name))
     if not argv:
+        fedmho_rows()
         personal_rows()
+        hapfnas_rows()
 
 
 if __name__ == "__main__":

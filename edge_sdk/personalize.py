@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
-from edge_sdk.train import evaluate, seeded, to_float
+from edge_sdk.train import evaluate, kd_loss_logits, seeded, to_float
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle
 from export.onnx_export import INPUT_NAME, export_onnx, onnx_session
@@ -183,13 +183,6 @@ class _OnnxGenerator:
         return torch.from_numpy(out)
 
 
-def _kd(student_logits: Tensor, teacher_logits: Tensor, t: float) -> Tensor:
-    """KL(softmax(teacher / t) || softmax(student / t)) * t^2, batch mean."""
-    return F.kl_div(
-        F.log_softmax(student_logits / t, dim=1), F.softmax(teacher_logits / t, dim=1), reduction="batchmean"
-    ) * (t * t)
-
-
 def _train_local_generator(
     local: nn.Module,
     label_share: Tensor,
@@ -299,14 +292,14 @@ def _fit(
                 if "dis" in terms:
                     with torch.no_grad():
                         g_real = global_model(x)
-                    parts["dis"] = _kd(logits, g_real, t)
+                    parts["dis"] = kd_loss_logits(logits, g_real, t)
                 if terms & {"lat", "tea"}:
                     assert g_global is not None
                     p_i = g_global(y.cpu(), gen).to(device)  # same labels as the real batch
                     with torch.no_grad():
                         g_pi = global_model(p_i)
                     if "lat" in terms:
-                        parts["lat"] = _kd(logits, g_pi, t)
+                        parts["lat"] = kd_loss_logits(logits, g_pi, t)
                     if "tea" in terms:
                         parts["tea"] = F.cross_entropy(model(p_i), y)
                 if "disg" in terms:
@@ -323,7 +316,7 @@ def _fit(
                     p_a = (attn @ p_g + p_g).clamp(0, 1).reshape(-1, *package.input_shape)
                     with torch.no_grad():
                         g_pa = global_model(p_a)
-                    parts["disg"] = _kd(model(p_a), g_pa, t)
+                    parts["disg"] = kd_loss_logits(model(p_a), g_pa, t)
                 loss = sum(parts.values())
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()  # type: ignore[union-attr]

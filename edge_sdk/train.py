@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -25,7 +26,7 @@ from profiles.errors import ConfigError, DataError
 if TYPE_CHECKING:
     from edge_sdk.data import ArrayDataset
 
-__all__ = ["TrainConfig", "evaluate", "seeded", "to_float", "train"]
+__all__ = ["TrainConfig", "evaluate", "kd_loss", "kd_loss_logits", "seeded", "to_float", "train"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,3 +158,19 @@ def evaluate(
         correct += (logits.argmax(dim=1) == target).sum()
     n = len(y)
     return float(loss_sum) / n, int(correct) / n
+
+
+def kd_loss(student_logits: torch.Tensor, target_probs: torch.Tensor, tau: float) -> torch.Tensor:
+    """KL(targets || softmax(student / tau)) * tau^2, mean over the batch.
+
+    The one distillation loss of the toolkit (server consensus distillation, supernet training, device
+    personalization). The tau^2 factor (Hinton et al. 2015) keeps the gradient magnitude independent of
+    tau, since the soft-target gradients scale as 1 / tau^2.
+    """
+    log_q = F.log_softmax(student_logits / tau, dim=1)  # B x L
+    return F.kl_div(log_q, target_probs, reduction="batchmean") * tau * tau
+
+
+def kd_loss_logits(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tau: float) -> torch.Tensor:
+    """:func:`kd_loss` with the teacher given as logits (softened at the same tau)."""
+    return kd_loss(student_logits, F.softmax(teacher_logits / tau, dim=1), tau)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edge_sdk.train import kd_loss
 from profiles.errors import ConfigError
 
 __all__ = ["DistillConfig", "consensus", "distill", "label_count_weights"]
@@ -122,16 +123,6 @@ class DistillConfig:
         return asdict(self)
 
 
-def _kd_loss(student_logits: Tensor, targets: Tensor, tau: float) -> Tensor:
-    """KL(targets || softmax(s / tau)) * tau^2, mean over the batch.
-
-    The tau^2 factor (Hinton et al. 2015) keeps the gradient magnitude independent of tau, since the
-    soft-target gradients scale as 1 / tau^2.
-    """
-    log_q = F.log_softmax(student_logits / tau, dim=1)  # B x L
-    return F.kl_div(log_q, targets, reduction="batchmean") * tau * tau
-
-
 def distill(
     student: nn.Module,
     x: Tensor,
@@ -187,7 +178,7 @@ def distill(
                 if config.hard_labels:
                     loss = F.cross_entropy(logits, y_dev[idx])
                 else:
-                    loss = _kd_loss(logits, y_dev[idx], config.tau)
+                    loss = kd_loss(logits, y_dev[idx], config.tau)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

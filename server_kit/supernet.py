@@ -19,16 +19,14 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from edge_sdk.elastic import SuperNet, largest, sample_elastic, save_supernet, smallest
-from edge_sdk.train import seeded
+from edge_sdk.train import kd_loss_logits, seeded
 from export.atomic import atomic_write_json
 from profiles.errors import ConfigError, DataError
 from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
-from server_kit.distill import _kd_loss
 from server_kit.teachers import load_teachers
 
 __all__ = ["SupernetConfig", "supernet_from_bundles", "train_supernet"]
@@ -58,11 +56,6 @@ class SupernetConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _kd(student: Tensor, teacher: Tensor, tau: float) -> Tensor:
-    """The distillation loss of :mod:`server_kit.distill` with the teacher given as logits."""
-    return _kd_loss(student, F.softmax(teacher / tau, dim=1), tau)
 
 
 @torch.no_grad()
@@ -106,10 +99,10 @@ def train_supernet(
             idx = torch.randint(len(x), (config.batch_size,), generator=gen).to(device)
             xb = x_dev[idx]
             out_large = supernet(xb, big)
-            loss = _kd(out_large, t_dev[idx], config.tau)  # ensemble -> largest
+            loss = kd_loss_logits(out_large, t_dev[idx], config.tau)  # ensemble -> largest
             guide = out_large.detach()
             for spec in [small, *(sample_elastic(rng) for _ in range(config.random_subnets))]:
-                loss = loss + _kd(supernet(xb, spec), guide, config.tau)  # inplace distillation
+                loss = loss + kd_loss_logits(supernet(xb, spec), guide, config.tau)  # inplace distillation
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

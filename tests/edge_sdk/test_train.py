@@ -11,7 +11,7 @@ from torch import nn
 
 from edge_sdk.arch import ChainSpec, build_model
 from edge_sdk.data import ArrayDataset
-from edge_sdk.train import TrainConfig, evaluate, to_float, train
+from edge_sdk.train import TrainConfig, evaluate, kd_loss, kd_loss_logits, to_float, train
 from profiles.errors import ConfigError, DataError
 
 
@@ -119,3 +119,13 @@ def test_empty_split_is_rejected() -> None:
         train(model, empty, config=TrainConfig(epochs=1), seed=0)
     with pytest.raises(DataError, match="empty"):
         evaluate(model, empty)
+
+
+def test_kd_loss_is_zero_on_agreement_and_matches_the_formula():
+    g = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+    assert float(kd_loss_logits(teacher, teacher, 4.0)) == pytest.approx(0.0, abs=1e-6)
+    p = torch.softmax(teacher / 2.0, dim=1)
+    manual = (p * (p.log() - torch.log_softmax(student / 2.0, dim=1))).sum(dim=1).mean() * 4.0
+    assert float(kd_loss(student, p, 2.0)) == pytest.approx(float(manual), rel=1e-5)
+    assert float(kd_loss_logits(student, teacher, 2.0)) == pytest.approx(float(manual), rel=1e-5)
