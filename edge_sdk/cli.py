@@ -67,6 +67,7 @@ SEARCH_KNOBS = (
     "crossovers",
     "generations",
     "supernet",
+    "warm_start",
 )
 
 
@@ -83,6 +84,12 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         "--fixed-arch", help="architecture of the fixed strategy, default CNN1 = C32k5-P-C64k5-P-F10"
     )
     p.add_argument("--max-train-samples", type=int, help="subsample the training split for fitness runs")
+    p.add_argument(
+        "--warm-start",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="PSO particle 0 starts at --fixed-arch when it fits (fast preset: on; paper: off)",
+    )
     p.add_argument("--supernet", help="evolution: a supernet file (server-kit supernet) -> the elastic space")
     p.add_argument("--population", type=int, help="evolution population N_pop")
     p.add_argument("--mutations", type=int, help="evolution mutants per generation N_m")

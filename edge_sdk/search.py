@@ -103,6 +103,10 @@ class SearchConfig:
         supernet: path of a supernet file (``server-kit supernet``): evolution then searches the elastic
             space with inherited weights; None searches the chain space by short training.
         calib_batches: BatchNorm recalibration batches per elastic candidate.
+        warm_start: ours, not in Algorithm 2: particle 0 of every swarm starts at ``fixed_arch`` (when it
+            is a chain spec the budget admits) instead of a random spec, so the swarm's global best is
+            never worse by fitness than the fixed baseline and the other particles are pulled toward
+            it. The ``paper`` preset turns it off.
     """
 
     strategy: str = "pso"
@@ -124,6 +128,7 @@ class SearchConfig:
     reevaluate: int = 3
     supernet: str | None = None
     calib_batches: int = 8
+    warm_start: bool = True
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -137,6 +142,8 @@ class SearchConfig:
             check_int(name, getattr(self, name), 1)
         for name in ("mutations", "crossovers", "generations"):
             check_int(name, getattr(self, name), 0)
+        if not isinstance(self.warm_start, bool):
+            raise ConfigError(f"warm_start must be a bool, got {self.warm_start!r}")
         if self.supernet is not None and not isinstance(self.supernet, str):
             raise ConfigError(f"supernet must be a file path or None, got {self.supernet!r}")
         if self.max_depth > MAX_DEPTH:
@@ -171,6 +178,7 @@ class SearchConfig:
                 "mutations": 128,
                 "crossovers": 128,
                 "generations": 20,
+                "warm_start": False,
             },
         }
         return from_preset(cls, presets, name, "search", **overrides)
@@ -471,14 +479,31 @@ class _Evaluator:
 # -------------------------------------------------------------------------------------- strategies
 
 
+def _warm_spec(ev: _Evaluator) -> tuple[ChainSpec, Evaluation] | None:
+    """``fixed_arch`` as the warm-start particle, evaluated; None if it is no chain or does not fit."""
+    spec = parse_arch(ev.config.fixed_arch)
+    if not isinstance(spec, ChainSpec) or len(spec.layers) > ev.config.max_depth:
+        return None
+    try:
+        spec = spec.with_num_classes(ev.num_classes).validate(ev.input_shape)
+    except SpecError:
+        return None
+    result = ev.evaluate(spec)
+    return (spec, result) if result.rejected is None else None
+
+
 def _pso(ev: _Evaluator, rng: np.random.Generator) -> tuple[ChainSpec, float]:
     """One swarm (Algorithm 2); returns its global best (spec, fitness)."""
     cfg, shape = ev.config, ev.input_shape
     positions: list[ChainSpec] = []
     fitness: list[float] = []
     trainable: list[bool] = []
-    for _ in range(cfg.particles):
+    warm = _warm_spec(ev) if cfg.warm_start else None
+    for i in range(cfg.particles):
         for _ in range(INIT_ATTEMPTS):  # bounded: a tight budget may reject most samples
+            if i == 0 and warm is not None:
+                spec, result = warm
+                break
             spec = sample_spec(rng, shape, ev.num_classes, max_depth=cfg.max_depth)
             result = ev.evaluate(spec)
             if result.rejected is None:

@@ -229,6 +229,25 @@ def test_budget_that_admits_nothing(digits, trained_specs) -> None:  # type: ign
     assert trained_specs == []
 
 
+def test_warm_start_particle(digits) -> None:  # type: ignore[no-untyped-def]
+    """Particle 0 starts at fixed_arch, so the best is never worse by fitness; off or over budget: random."""
+    train, val = digits
+    config = _fast(fixed_arch="C8k3-P-F3", max_train_samples=100)
+    warm = search(train, val, profile=_profile(), config=config, seed=0)
+    assert warm.evaluations[0].spec == "C8k3-P-F10"
+    assert warm.best_fitness <= warm.evaluations[0].fitness
+    cold = search(
+        train, val, profile=_profile(), config=_fast(fixed_arch="C8k3-P-F3", warm_start=False), seed=0
+    )
+    assert cold.evaluations[0].spec != "C8k3-P-F10"
+    # 20k parameters reject C64k3-C64k3-P-F10 (~48k): the swarm still fills particle 0 with a random spec
+    big = _fast(fixed_arch="C64k3-C64k3-P-F3", max_train_samples=100)
+    tight = search(train, val, profile=_profile(max_params=20_000), config=big, seed=0)
+    assert tight.evaluations[0].spec == "C64k3-C64k3-P-F10" and tight.evaluations[0].rejected is not None
+    assert math.isfinite(tight.best_fitness)
+    assert not SearchConfig.preset("paper").warm_start
+
+
 def test_repeats_keep_the_best(digits) -> None:  # type: ignore[no-untyped-def]
     train, val = digits
     config = _fast(particles=2, iterations=1, repeats=2, max_train_samples=100)
@@ -271,6 +290,7 @@ def test_random_pool_strategy(digits) -> None:  # type: ignore[no-untyped-def]
         ({"max_train_samples": 0}, "max_train_samples"),
         ({"fixed_arch": "C8k3-Q-F10"}, "fixed_arch"),
         ({"swarm": 3}, "unknown search options"),
+        ({"warm_start": 1}, "warm_start"),
     ],
 )
 def test_config_validation(overrides: dict[str, object], match: str) -> None:
