@@ -1,17 +1,20 @@
 """Personalization benchmark: local-only, global, finetune, pkt and kdg models on each client's own test set.
 
     .venv/bin/python benchmarks/personalize_mnist.py RUN_DIR [--methods finetune pkt kdg] [--out FILE]
+        [--update FILE]
 
 RUN_DIR is a `server-kit simulate` output whose server run kept ``synthetic.npz`` (and the generator,
 for kdg). Runs `server-kit personalize` (PKE) once, then `edge-sdk personalize` for every client and
 method, and evaluates every model in onnxruntime on a test set drawn from the MNIST test split with
 the client's label distribution (as in edge_vs_fixed.py). Writes sorted JSON with per-client rows,
-means, int8-vs-fp32 size/latency/accuracy and seconds.
+means, int8-vs-fp32 size/latency/accuracy and seconds. ``--update FILE`` re-runs only ``--methods`` on the
+clients of an earlier output, reusing its packages (no second PKE), and replaces those methods' rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -36,23 +39,31 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--size", type=int, default=2000, help="client test-set size")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--update", type=Path, help="an earlier output: re-run --methods, keep the rest")
     args = parser.parse_args(argv)
+    earlier = json.loads(args.update.read_text(encoding="utf-8")) if args.update else None
 
     run = args.run_dir
     test = load_client_data(run / "data" / "test.npz")
     bundles = sorted((run / "clients").glob("client_*.bundle"))
-    t0 = time.perf_counter()
-    pke = personalize_server(bundles, run / "server", run / "packages", config=PKEConfig())
-    pke_seconds = time.perf_counter() - t0
+    if earlier is None:
+        t0 = time.perf_counter()
+        pke_report = personalize_server(bundles, run / "server", run / "packages", config=PKEConfig()).report
+        pke_seconds = time.perf_counter() - t0
+        chosen = args.clients if args.clients is not None else list(range(len(bundles)))
+    else:
+        pke_report, pke_seconds = earlier["pke"], earlier["pke_seconds"]
+        chosen = [r["client"] for r in earlier["clients"]]
+        previous = {r["client"]: r for r in earlier["clients"]}
     global_onnx = (run / "server" / "global.onnx").read_bytes()
-    chosen = args.clients if args.clients is not None else list(range(len(bundles)))
     rows = []
     for k in chosen:
         bundle = read_bundle(run / "clients" / f"client_{k:02d}.bundle")
         package = read_package(run / "packages" / f"client_{k:02d}.package")
         data = load_client_data(run / "data" / f"client_{k:02d}.npz")
         local = client_test_set(test, list(bundle.label_counts), size=args.size, seed=k)
-        row: dict = {
+        row: dict = {} if earlier is None else dict(previous[k])
+        row |= {
             "client": k,
             "arch": bundle.arch,
             "client_test_size": len(local),
@@ -76,6 +87,7 @@ def main(argv: list[str]) -> None:
                 "size_bytes": res.report["size_bytes"],
                 "latency": res.report["latency"],
                 "seconds": seconds,
+                "config": config.to_dict(),
             }
             if method == "pkt":
                 row[method]["alpha"] = res.report["training"]["alpha"]
@@ -90,7 +102,7 @@ def main(argv: list[str]) -> None:
         return statistics.fmean(r[key][sub] if sub else r[key] for r in rows)
 
     summary = {"local_only": mean("local_only"), "global": mean("global")}
-    for method in args.methods:
+    for method in METHODS if earlier is not None else args.methods:
         summary[method] = {
             "deploy": mean(method, "deploy"),
             "fp32": mean(method, "fp32"),
@@ -101,7 +113,7 @@ def main(argv: list[str]) -> None:
     result = {
         "run_dir": str(run),
         "pke_seconds": pke_seconds,
-        "pke": pke.report,
+        "pke": pke_report,
         "clients": rows,
         "summary": summary,
     }

@@ -291,7 +291,21 @@ def cmd_personalize(args: argparse.Namespace) -> None:
     from export.bundle import read_bundle
     from export.package import read_package
 
-    knobs = overrides(args, ["epochs", "lr", "batch_size", "lam", "tau", "alpha_lr", "kdg_terms", "seed"])
+    knobs = overrides(
+        args,
+        [
+            "epochs",
+            "lr",
+            "batch_size",
+            "lam",
+            "tau",
+            "alpha_lr",
+            "kdg_terms",
+            "kdg_dis_weight",
+            "kdg_disg_weight",
+            "seed",
+        ],
+    )
     config = PersonalizeConfig(
         method=args.method, val_fraction=args.val_fraction, device=args.device, **knobs
     )
@@ -422,6 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau", type=float, help="PKT regulariser tau (alpha toward 1)")
     p.add_argument("--alpha-lr", type=float, help="PKT learning rate of alpha")
     p.add_argument("--kdg-terms", help="comma list of pre,dis,lat,tea,disg (default: all)")
+    p.add_argument("--kdg-dis-weight", type=float, help="weight of kdg's dis term (default 0.01, FedKDG)")
+    p.add_argument("--kdg-disg-weight", type=float, help="weight of kdg's disg term (default 0.01, FedKDG)")
     p.add_argument("--seed", type=int, help="default: the bundle's seed (the split of `edge-sdk run`)")
 
     p = command("inspect", cmd_inspect, "print a bundle's manifest (and optionally extract its ONNX)")

@@ -168,3 +168,6 @@ def test_cli_runs_and_refuses_bad_knobs(federation, bundles, tmp_path, capsys): 
     assert "kdg_terms" in capsys.readouterr().err
     with pytest.raises(ConfigError):
         PersonalizeConfig(method="distill")
+    with pytest.raises(ConfigError, match="kdg_dis_weight"):
+        PersonalizeConfig(method="kdg", kdg_dis_weight=-1.0)
+    assert PersonalizeConfig().kdg_disg_weight == 0.01  # FedKDG's weight of the distillation terms
