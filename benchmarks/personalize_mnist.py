@@ -8,7 +8,8 @@ for kdg). Runs `server-kit personalize` (PKE) once, then `edge-sdk personalize` 
 method, and evaluates every model in onnxruntime on a test set drawn from the MNIST test split with
 the client's label distribution (as in edge_vs_fixed.py). Writes sorted JSON with per-client rows,
 means, int8-vs-fp32 size/latency/accuracy and seconds. ``--update FILE`` re-runs only ``--methods`` on the
-clients of an earlier output, reusing its packages (no second PKE), and replaces those methods' rows.
+clients of an earlier output (or on ``--clients``, new ones included), reusing its packages (no second
+PKE), and replaces those methods' rows.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def main(argv: list[str]) -> None:
         chosen = args.clients if args.clients is not None else list(range(len(bundles)))
     else:
         pke_report, pke_seconds = earlier["pke"], earlier["pke_seconds"]
-        chosen = [r["client"] for r in earlier["clients"]]
         previous = {r["client"]: r for r in earlier["clients"]}
+        chosen = args.clients if args.clients is not None else sorted(previous)
     global_onnx = (run / "server" / "global.onnx").read_bytes()
     rows = []
     for k in chosen:
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> None:
         package = read_package(run / "packages" / f"client_{k:02d}.package")
         data = load_client_data(run / "data" / f"client_{k:02d}.npz")
         local = client_test_set(test, list(bundle.label_counts), size=args.size, seed=k)
-        row: dict = {} if earlier is None else dict(previous[k])
+        row: dict = {} if earlier is None else dict(previous.get(k, {}))
         row |= {
             "client": k,
             "arch": bundle.arch,
@@ -97,6 +98,9 @@ def main(argv: list[str]) -> None:
                 flush=True,
             )
         rows.append(row)
+    if earlier is not None:  # keep the earlier clients that were not re-run
+        kept = [r for c, r in previous.items() if c not in chosen]
+        rows = sorted([*rows, *kept], key=lambda r: r["client"])
 
     def mean(key: str, sub: str | None = None) -> float:
         return statistics.fmean(r[key][sub] if sub else r[key] for r in rows)
