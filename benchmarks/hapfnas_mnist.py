@@ -24,13 +24,11 @@ from pathlib import Path
 
 import numpy as np
 from edge_vs_fixed import client_test_set
-from scipy.stats import kendalltau, spearmanr
-from sklearn.ensemble import RandomForestRegressor
 
 from edge_sdk.client import ClientConfig, run_client, train_final
 from edge_sdk.data import load_client_data, split_train_val
 from edge_sdk.elastic import cost_of, encode, extract, largest, load_supernet, sample_elastic, smallest
-from edge_sdk.evolution import recalibrate_bn, supernet_proxy
+from edge_sdk.evolution import predictor, rank_correlation, recalibrate_bn, supernet_proxy
 from edge_sdk.search import SearchConfig
 from edge_sdk.train import evaluate
 from export.atomic import atomic_write_json
@@ -100,8 +98,7 @@ def main(argv: list[str]) -> None:
         "client": first,
         "scratch_epochs": args.scratch_epochs,
         "subnets": rows,
-        "spearman": float(spearmanr(proxy, scratch_acc).statistic),
-        "kendall": float(kendalltau(proxy, scratch_acc).statistic),
+        **rank_correlation(np.asarray(proxy), np.asarray(scratch_acc)),
     }
     atomic_write_json(args.out, result)  # a partial result survives a stop during the client runs
 
@@ -116,14 +113,12 @@ def main(argv: list[str]) -> None:
     predicted = np.empty_like(y)
     for fold in np.array_split(np.random.default_rng(1).permutation(len(pool)), 5):
         rest = np.setdiff1d(np.arange(len(pool)), fold)
-        forest = RandomForestRegressor(n_estimators=100, max_depth=15, random_state=0).fit(x[rest], y[rest])
-        predicted[fold] = forest.predict(x[fold])
+        predicted[fold] = predictor(0).fit(x[rest], y[rest]).predict(x[fold])
     result["predictor"] = {
         "client": first,
         "specs": len(pool),
         "folds": 5,
-        "spearman": float(spearmanr(predicted, y).statistic),
-        "kendall": float(kendalltau(predicted, y).statistic),
+        **rank_correlation(predicted, y),
         "seconds": time.perf_counter() - t1,
     }
     print(result["predictor"], flush=True)

@@ -33,7 +33,16 @@ from edge_sdk.data import ArrayDataset
 from edge_sdk.train import evaluate, to_float
 from profiles.errors import BudgetError
 
-__all__ = ["CHAIN_SPACE", "ELASTIC_SPACE", "Space", "evolve", "recalibrate_bn", "supernet_proxy"]
+__all__ = [
+    "CHAIN_SPACE",
+    "ELASTIC_SPACE",
+    "Space",
+    "evolve",
+    "predictor",
+    "rank_correlation",
+    "recalibrate_bn",
+    "supernet_proxy",
+]
 
 SAMPLE_ATTEMPTS = 50  # per wanted candidate: bounded reject sampling
 
@@ -158,7 +167,16 @@ def supernet_proxy(
 # -------------------------------------------------------------------------------------------- evolution
 
 
-def _rank_correlation(pred: np.ndarray, true: np.ndarray) -> dict[str, float | None]:
+def predictor(seed: int) -> Any:
+    """The unfitted accuracy predictor: a random forest with HAPFNAS's settings (section 5.1: 100 trees,
+    max depth 15). One place, so the search and the benchmarks that check it fit the same model."""
+    from sklearn.ensemble import RandomForestRegressor
+
+    return RandomForestRegressor(n_estimators=100, max_depth=15, random_state=seed)
+
+
+def rank_correlation(pred: np.ndarray, true: np.ndarray) -> dict[str, float | None]:
+    """Spearman and Kendall of predictions against the truth (None when fewer than 3 or constant)."""
     from scipy.stats import kendalltau, spearmanr
 
     if len(pred) < 3 or np.ptp(true) == 0 or np.ptp(pred) == 0:
@@ -190,7 +208,6 @@ def evolve(
     ``evaluate_spec(spec) -> (fitness, rejection or None)`` is the real (cached) evaluation;
     ``admits(spec)`` is the cheap budget screen used for every generated candidate.
     """
-    from sklearn.ensemble import RandomForestRegressor
 
     def draw(make: Callable[[], ArchSpec]) -> ArchSpec | None:
         for _ in range(SAMPLE_ATTEMPTS):
@@ -224,9 +241,9 @@ def evolve(
         "predictor_heldout": {"spearman": None, "kendall": None, "n": 0},
     }
     if n_held:
-        probe = RandomForestRegressor(n_estimators=100, max_depth=15, random_state=seed).fit(x[keep], y[keep])
-        details["predictor_heldout"] = _rank_correlation(probe.predict(x[held]), y[held])
-    forest = RandomForestRegressor(n_estimators=100, max_depth=15, random_state=seed).fit(x, y)
+        probe = predictor(seed).fit(x[keep], y[keep])
+        details["predictor_heldout"] = rank_correlation(probe.predict(x[held]), y[held])
+    forest = predictor(seed).fit(x, y)
 
     scored = {str(s): (s, f) for s, f in finite}  # spec -> (spec, fitness: real or predicted)
     current = sorted(scored.values(), key=lambda item: item[1])[:population]

@@ -500,14 +500,14 @@ def _pso(ev: _Evaluator, rng: np.random.Generator) -> tuple[ChainSpec, float]:
     trainable: list[bool] = []
     warm = _warm_spec(ev) if cfg.warm_start else None
     for i in range(cfg.particles):
-        for _ in range(INIT_ATTEMPTS):  # bounded: a tight budget may reject most samples
-            if i == 0 and warm is not None:
-                spec, result = warm
-                break
-            spec = sample_spec(rng, shape, ev.num_classes, max_depth=cfg.max_depth)
-            result = ev.evaluate(spec)
-            if result.rejected is None:
-                break
+        if i == 0 and warm is not None:
+            spec, result = warm
+        else:
+            for _ in range(INIT_ATTEMPTS):  # bounded: a tight budget may reject most samples
+                spec = sample_spec(rng, shape, ev.num_classes, max_depth=cfg.max_depth)
+                result = ev.evaluate(spec)
+                if result.rejected is None:
+                    break
         positions.append(spec)
         fitness.append(result.fitness)
         trainable.append(result.rejected is None)
