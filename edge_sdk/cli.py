@@ -68,6 +68,7 @@ SEARCH_KNOBS = (
     "generations",
     "supernet",
     "warm_start",
+    "finalists",
 )
 
 
@@ -88,7 +89,12 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         "--warm-start",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="PSO particle 0 starts at --fixed-arch when it fits (fast preset: on; paper: off)",
+        help="PSO particle 0 starts at --fixed-arch, narrowed to fit (fast preset: on; paper: off)",
+    )
+    p.add_argument(
+        "--finalists",
+        type=int,
+        help="PSO: train the best N distinct specs fully, keep the most accurate (fast: 3; paper: 1)",
     )
     p.add_argument("--supernet", help="evolution: a supernet file (server-kit supernet) -> the elastic space")
     p.add_argument("--population", type=int, help="evolution population N_pop")

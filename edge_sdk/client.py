@@ -494,6 +494,42 @@ def run_client(
     return result
 
 
+def _train_finalists(
+    result: SearchResult, train_split: ArrayDataset, val_split: ArrayDataset, config: ClientConfig
+) -> tuple[TrainedModel, list[dict[str, Any]]]:
+    """Train every finalist of the search for ``final_epochs``; keep the best validation accuracy (ties:
+    lower validation loss, then the better search fitness). Returns it and one row per finalist."""
+    best: TrainedModel | None = None
+    chosen = 0
+    rows: list[dict[str, Any]] = []
+    for arch in result.finalists:
+        init = None
+        if config.search.supernet is not None and arch.startswith("mbv3:"):
+            # HAPFNAS: the winner starts from its supernet weights and is fine-tuned locally
+            init = extract(load_supernet(config.search.supernet), ElasticSpec.parse(arch))
+        trained = train_final(
+            arch,
+            train_split,
+            val_split,
+            epochs=config.search.final_epochs,
+            lr=config.search.lr,
+            batch_size=config.search.batch_size,
+            seed=config.seed,
+            device=config.device,
+            progress=config.progress,
+            init=init,
+        )
+        m = trained.metrics
+        rows.append({k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds")} | {"arch": arch})
+        key = (-m["val_accuracy"], m["val_loss"])
+        if best is None or key < (-best.metrics["val_accuracy"], best.metrics["val_loss"]):
+            best, chosen = trained, len(rows) - 1
+    assert best is not None
+    for i, row in enumerate(rows):
+        row["chosen"] = i == chosen
+    return best, rows
+
+
 def _run_classifier(
     train_split: ArrayDataset,
     val_split: ArrayDataset,
@@ -517,28 +553,14 @@ def _run_classifier(
     seconds["search"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    init = None
-    if config.search.supernet is not None and result.best_spec.startswith("mbv3:"):
-        # HAPFNAS: the winner starts from its supernet weights and is fine-tuned locally
-        init = extract(load_supernet(config.search.supernet), ElasticSpec.parse(result.best_spec))
-    trained = train_final(
-        result.best_spec,
-        train_split,
-        val_split,
-        epochs=config.search.final_epochs,
-        lr=config.search.lr,
-        batch_size=config.search.batch_size,
-        seed=config.seed,
-        device=config.device,
-        progress=config.progress,
-        init=init,
-    )
+    trained, finalists = _train_finalists(result, train_split, val_split, config)
     seconds["train"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     extra = {
         "strategy": result.strategy,
         "candidate_epochs": int(result.candidate_epochs),
+        "finalists": len(finalists),
         "search_rejected": int(result.rejected),
         "search_cache_hits": int(result.cache_hits),
         "search_seconds": round(seconds["search"], 3),
@@ -547,7 +569,13 @@ def _run_classifier(
     seconds["export"] = time.perf_counter() - t0
 
     metrics = dict(trained.metrics) | extra
-    report |= {"bundle": out.name, "arch": trained.arch, "metrics": metrics, "search": result.to_dict()}
+    report |= {
+        "bundle": out.name,
+        "arch": trained.arch,
+        "metrics": metrics,
+        "search": result.to_dict(),
+        "finalists": finalists,
+    }
     return ClientResult(
         bundle_path=out,
         report_path=out.with_name(out.name + ".report.json"),

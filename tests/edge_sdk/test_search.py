@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -240,12 +241,54 @@ def test_warm_start_particle(digits) -> None:  # type: ignore[no-untyped-def]
         train, val, profile=_profile(), config=_fast(fixed_arch="C8k3-P-F3", warm_start=False), seed=0
     )
     assert cold.evaluations[0].spec != "C8k3-P-F10"
-    # 20k parameters reject C64k3-C64k3-P-F10 (~48k): the swarm still fills particle 0 with a random spec
+    # 20k parameters reject C64k3-C64k3-P-F10 (~48k): particle 0 is the same chain at half width
+    # (~15k), and the rejected width is only screened, never counted as an evaluation
     big = _fast(fixed_arch="C64k3-C64k3-P-F3", max_train_samples=100)
     tight = search(train, val, profile=_profile(max_params=20_000), config=big, seed=0)
-    assert tight.evaluations[0].spec == "C64k3-C64k3-P-F10" and tight.evaluations[0].rejected is not None
-    assert math.isfinite(tight.best_fitness)
+    assert tight.evaluations[0].spec == "C32k3-C32k3-P-F10" and tight.evaluations[0].rejected is None
+    assert "C64k3-C64k3-P-F10" not in {e.spec for e in tight.evaluations}
+    # 6k: two halvings (C16k3-C16k3-P-F10, ~5k)
+    tiny = search(train, val, profile=_profile(max_params=6_000), config=big, seed=0)
+    assert tiny.evaluations[0].spec == "C16k3-C16k3-P-F10"
+    # without pooling even 8 channels need ~5.8k > 2.5k: particle 0 is random, the search goes on
+    wide = _fast(fixed_arch="C64k3-C64k3-F3", max_train_samples=100)
+    none = search(train, val, profile=_profile(max_params=2_500), config=wide, seed=0)
+    assert none.evaluations[0].spec not in {f"C{c}k3-C{c}k3-F10" for c in (64, 32, 16, 8)}
+    assert math.isfinite(none.best_fitness)
     assert not SearchConfig.preset("paper").warm_start
+
+
+def test_finalists(digits) -> None:  # type: ignore[no-untyped-def]
+    """PSO hands the client its best distinct specs by fitness, the winner first; one in the paper preset."""
+    train, val = digits
+    result = search(train, val, profile=_profile(), config=_fast(max_train_samples=100), seed=0)
+    assert len(result.finalists) == 3 == len(set(result.finalists))
+    assert result.finalists[0] == result.best_spec
+    best = {e.spec: e.fitness for e in result.evaluations if not e.cached}
+    assert [best[s] for s in result.finalists] == sorted(best[s] for s in result.finalists)
+    assert max(best[s] for s in result.finalists) <= sorted(best.values())[2]
+    assert result.to_dict()["finalists"] == list(result.finalists)
+    one = search(train, val, profile=_profile(), config=_fast(max_train_samples=100, finalists=1), seed=0)
+    assert one.finalists == (one.best_spec,) and one.best_spec == result.best_spec
+    # a warm-start spec whose short-training fitness ranks it last still competes in the final ranking
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            search_module._Evaluator,
+            "_fitness",
+            lambda self, spec, key: 9.0 if key == "C8k3-P-F10" else 1.0 + len(key) / 100,
+        )
+        config = _fast(fixed_arch="C8k3-P-F3", max_train_samples=100)
+        warm = search(train, val, profile=_profile(), config=config, seed=0)
+        cold = search(
+            train, val, profile=_profile(), config=dataclasses.replace(config, warm_start=False), seed=0
+        )
+    assert warm.finalists[-1] == "C8k3-P-F10" and len(warm.finalists) == 3
+    assert "C8k3-P-F10" not in cold.finalists
+    fixed = search(train, val, profile=_profile(), config=_fast(strategy="fixed"), seed=0)
+    assert fixed.finalists == (fixed.best_spec,)
+    assert SearchConfig.preset("paper").finalists == 1
+    with pytest.raises(ConfigError, match="finalists"):
+        SearchConfig(finalists=0)
 
 
 def test_repeats_keep_the_best(digits) -> None:  # type: ignore[no-untyped-def]
