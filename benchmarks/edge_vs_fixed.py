@@ -8,10 +8,14 @@ trained with the same code path (`edge_sdk.client.train_final`) for the same num
 same train/validation split, both evaluated in onnxruntime on a test set drawn from the MNIST test split
 with the client's own label distribution (seeded). Prints and writes sorted JSON.
 
-``--rerun DIR`` runs the device pipeline again (`edge_sdk.client.run_client`, the `fast` search preset
-with ``--search`` overrides, same profile, seed and split as the run's bundle) and compares its bundle
-instead, e.g. to measure a change of the search defaults. ``--fixed-from`` reuses the CNN1 rows of an
-earlier output (same seed and split give the same CNN1, so there is no need to train it again).
+Each row says whether CNN1 fits the client's device budget (``cnn1_fits``; where it does not, the CNN1
+row is a model the device could not train). ``--rerun DIR`` runs the device pipeline again
+(`edge_sdk.client.run_client`, the `fast` search preset with ``--search`` overrides, same profile, seed and
+split as the run's bundle) and compares its bundle instead, e.g. to measure a change of the search
+defaults; its rows list the search's finalists (each trained for the final epochs, the most accurate on
+validation bundled) and the final-training epochs. ``--fixed-from`` reuses the CNN1 rows of an earlier
+output (same seed and split give the same CNN1, so there is no need to train it again). ``--update``
+re-measures the chosen clients inside an existing ``--out`` and keeps its other rows.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
+from edge_sdk.arch import build_model
 from edge_sdk.client import ClientConfig, run_client, train_final
 from edge_sdk.data import ArrayDataset, load_client_data, split_train_val
+from edge_sdk.profiling import fits, profile_model
 from edge_sdk.search import SearchConfig
 from edge_sdk.zoo import CNN1
 from export.atomic import atomic_write_json
@@ -58,6 +64,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rerun", type=Path, help="re-run the clients into this directory")
     parser.add_argument("--search", nargs="*", default=[], help="search overrides KEY=VALUE (JSON values)")
     parser.add_argument("--fixed-from", type=Path, help="an earlier output whose CNN1 rows are reused")
+    parser.add_argument(
+        "--update", action="store_true", help="keep the other clients' rows of an existing --out"
+    )
     args = parser.parse_args(argv)
     overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.search)}
     earlier = {}
@@ -67,6 +76,9 @@ def main(argv: list[str]) -> None:
     test = load_client_data(args.run_dir / "data" / "test.npz")
     bundles = sorted((args.run_dir / "clients").glob("client_*.bundle"))
     chosen = args.clients if args.clients is not None else list(range(len(bundles)))
+    kept = []
+    if args.update and args.out and args.out.is_file():
+        kept = [r for r in json.loads(args.out.read_text())["clients"] if r["client"] not in chosen]
     rows = []
     for k in chosen:
         bundle = read_bundle(args.run_dir / "clients" / f"client_{k:02d}.bundle")
@@ -80,8 +92,13 @@ def main(argv: list[str]) -> None:
             search = SearchConfig.preset("fast", final_epochs=epochs, **overrides)
             config = ClientConfig(search=search, seed=seed, role="classifier")
             out = args.rerun / f"client_{k:02d}.bundle"
-            run_client(data, profile=load_profile(str(bundle.profile["name"])), config=config, out=out)
+            res = run_client(data, profile=load_profile(str(bundle.profile["name"])), config=config, out=out)
             bundle = read_bundle(out)
+            finalists = json.loads(res.report_path.read_text()).get("finalists", [])
+        else:
+            finalists = []
+        profile = load_profile(str(bundle.profile["name"]))
+        shape, classes = data.input_shape, data.num_classes
         if k in earlier:
             fixed_row = earlier[k]
         else:
@@ -97,15 +114,19 @@ def main(argv: list[str]) -> None:
                 "params": fixed.metrics["params"],
                 "train_seconds": round(fixed_seconds, 3),
             }
+        n_final = int(bundle.metrics.get("finalists", 1))
         row = {
             "client": k,
             "profile": bundle.profile["name"],
+            "cnn1_fits": fits(profile_model(build_model(CNN1, shape, classes), shape), profile) is None,
             "client_test_size": len(local),
             "searched": {
                 "arch": bundle.arch,
                 "accuracy": evaluate_onnx(bundle.model_onnx, local)["accuracy"],
                 "final_epochs": epochs,
                 "candidate_epochs": bundle.metrics["candidate_epochs"],
+                "finalists": finalists,
+                "final_training_epochs": n_final * epochs,
                 "flops": bundle.metrics["flops"],
                 "params": bundle.metrics["params"],
                 "search_seconds": bundle.metrics["search_seconds"],
@@ -116,9 +137,10 @@ def main(argv: list[str]) -> None:
         print(json.dumps(row, sort_keys=True), flush=True)
         rows.append(row)
         if args.out:  # after every client: a partial result survives a stop
+            done = sorted(kept + rows, key=lambda r: r["client"])
             summary = {
-                "searched_mean": float(np.mean([r["searched"]["accuracy"] for r in rows])),
-                "fixed_cnn1_mean": float(np.mean([r["fixed_cnn1"]["accuracy"] for r in rows])),
+                "searched_mean": float(np.mean([r["searched"]["accuracy"] for r in done])),
+                "fixed_cnn1_mean": float(np.mean([r["fixed_cnn1"]["accuracy"] for r in done])),
             }
             atomic_write_json(
                 args.out,
@@ -126,7 +148,7 @@ def main(argv: list[str]) -> None:
                     "run_dir": str(args.run_dir),
                     "rerun": str(args.rerun) if args.rerun else None,
                     "search_overrides": overrides,
-                    "clients": rows,
+                    "clients": done,
                     "summary": summary,
                 },
             )

@@ -1,6 +1,7 @@
 """HAPFNAS checks on a finished MNIST federation: supernet proxy quality and evolution vs PSO.
 
     .venv/bin/python benchmarks/hapfnas_mnist.py RUN_DIR [--clients 0 1] [--subnets 10] [--steps 300]
+        [--predictor-specs 100] [--scratch-from FILE] --out FILE
 
 RUN_DIR is a `server-kit simulate` output whose server kept ``synthetic.npz``. Steps, all measured:
 1. `server-kit supernet` on the run's teachers and synthetic set (sandwich rule, inplace distillation).
@@ -12,12 +13,14 @@ RUN_DIR is a `server-kit simulate` output whose server kept ``synthetic.npz``. S
 3. For each client: `edge-sdk run --strategy evolution --supernet` (same profile, final epochs and seed
    as the PSO bundle of the run) on the client's data; accuracy on the client's own test distribution
    beside the PSO bundle's, candidate-epochs, seconds and the predictor's held-out rank correlation.
-Writes sorted JSON.
+Writes sorted JSON. ``--scratch-from`` takes the train-from-scratch accuracies of an earlier output for the
+same client (the subnets, split and seeds are the same), so a second supernet costs only its own steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -45,7 +48,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--subnets", type=int, default=10)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--scratch-epochs", type=int, default=2)
-    parser.add_argument("--predictor-specs", type=int, default=100, help="proxy-scored specs for Fig. 9")
+    parser.add_argument(
+        "--predictor-specs", type=int, default=100, help="proxy-scored specs for Fig. 9 (0: skip)"
+    )
+    parser.add_argument(
+        "--unlabeled",
+        type=Path,
+        help="train the supernet on this .npz of uint8 images (x) instead of the run's synthetic set",
+    )
+    parser.add_argument(
+        "--scratch-from",
+        type=Path,
+        help="an earlier output of the same client and subnets: reuse its train-from-scratch accuracies",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     run = args.run_dir
@@ -53,13 +68,20 @@ def main(argv: list[str]) -> None:
     result: dict = {"run_dir": str(run)}
 
     t0 = time.perf_counter()
-    supernet_path = run / "supernet.file"
+    work = run / "hapfnas" / args.out.stem  # one folder per output: runs on one federation do not collide
+    supernet_path = work / "supernet.file"
     report = supernet_from_bundles(
-        bundles, supernet_path, aggregate_dir=run / "server", config=SupernetConfig(steps=args.steps)
+        bundles,
+        supernet_path,
+        aggregate_dir=None if args.unlabeled else run / "server",
+        unlabeled=args.unlabeled,
+        config=SupernetConfig(steps=args.steps),
+        progress=True,
     )
     result["supernet"] = {
         "seconds": time.perf_counter() - t0,
         "steps": args.steps,
+        "data": report["data"],
         "inputs": report["inputs"],
     }
     supernet = load_supernet(supernet_path)
@@ -71,6 +93,11 @@ def main(argv: list[str]) -> None:
     rng = np.random.default_rng(0)
     specs = [smallest(), largest(), *(sample_elastic(rng) for _ in range(args.subnets - 2))]
     specs.sort(key=lambda s: cost_of(s, data.input_shape, data.num_classes)[0])
+    earlier = {}
+    if args.scratch_from:
+        old = json.loads(args.scratch_from.read_text())["proxy_vs_scratch"]
+        if old["client"] == first and old["scratch_epochs"] == args.scratch_epochs:
+            earlier = {r["spec"]: r for r in old["subnets"]}
     rows = []
     for spec in specs:
         t1 = time.perf_counter()
@@ -78,8 +105,15 @@ def main(argv: list[str]) -> None:
         recalibrate_bn(model, train, batches=8, seed=seed)
         proxy_loss, proxy_acc = evaluate(model, val)
         proxy_s = time.perf_counter() - t1
-        t1 = time.perf_counter()
-        scratch = train_final(str(spec), train, val, epochs=args.scratch_epochs, seed=seed)
+        if str(spec) in earlier:  # same spec, split, seed and epochs: the same training
+            trained = {k: earlier[str(spec)][k] for k in ("scratch_accuracy", "scratch_seconds")}
+        else:
+            t1 = time.perf_counter()
+            scratch = train_final(str(spec), train, val, epochs=args.scratch_epochs, seed=seed)
+            trained = {
+                "scratch_accuracy": scratch.metrics["val_accuracy"],
+                "scratch_seconds": time.perf_counter() - t1,
+            }
         rows.append(
             {
                 "spec": str(spec),
@@ -87,8 +121,7 @@ def main(argv: list[str]) -> None:
                 "proxy_accuracy": proxy_acc,
                 "proxy_loss": proxy_loss,
                 "proxy_seconds": proxy_s,
-                "scratch_accuracy": scratch.metrics["val_accuracy"],
-                "scratch_seconds": time.perf_counter() - t1,
+                **trained,
             }
         )
         print(rows[-1], flush=True)
@@ -105,24 +138,25 @@ def main(argv: list[str]) -> None:
     # HAPFNAS Fig. 9: how well the random forest (the evolution's own settings) ranks specs it has not
     # seen. ``--predictor-specs`` random subnets are scored by the proxy (validation loss, the fitness the
     # evolution minimises); 5-fold out-of-fold predictions against those scores.
-    t1 = time.perf_counter()
-    fitness = supernet_proxy(supernet, train, val, seed=seed)
-    pool = [sample_elastic(rng) for _ in range(args.predictor_specs)]
-    x = np.stack([encode(spec) for spec in pool])
-    y = np.asarray([fitness(spec) for spec in pool])
-    predicted = np.empty_like(y)
-    for fold in np.array_split(np.random.default_rng(1).permutation(len(pool)), 5):
-        rest = np.setdiff1d(np.arange(len(pool)), fold)
-        predicted[fold] = predictor(0).fit(x[rest], y[rest]).predict(x[fold])
-    result["predictor"] = {
-        "client": first,
-        "specs": len(pool),
-        "folds": 5,
-        **rank_correlation(predicted, y),
-        "seconds": time.perf_counter() - t1,
-    }
-    print(result["predictor"], flush=True)
-    atomic_write_json(args.out, result)
+    if args.predictor_specs > 0:
+        t1 = time.perf_counter()
+        fitness = supernet_proxy(supernet, train, val, seed=seed)
+        pool = [sample_elastic(rng) for _ in range(args.predictor_specs)]
+        x = np.stack([encode(spec) for spec in pool])
+        y = np.asarray([fitness(spec) for spec in pool])
+        predicted = np.empty_like(y)
+        for fold in np.array_split(np.random.default_rng(1).permutation(len(pool)), 5):
+            rest = np.setdiff1d(np.arange(len(pool)), fold)
+            predicted[fold] = predictor(0).fit(x[rest], y[rest]).predict(x[fold])
+        result["predictor"] = {
+            "client": first,
+            "specs": len(pool),
+            "folds": 5,
+            **rank_correlation(predicted, y),
+            "seconds": time.perf_counter() - t1,
+        }
+        print(result["predictor"], flush=True)
+        atomic_write_json(args.out, result)
 
     test = load_client_data(run / "data" / "test.npz")
     evo_rows = []
@@ -138,7 +172,7 @@ def main(argv: list[str]) -> None:
         )
         config = ClientConfig(search=search, seed=int(bundle.seed), role="classifier")
         t1 = time.perf_counter()
-        out = run / "evolution" / f"client_{k:02d}.bundle"
+        out = work / "evolution" / f"client_{k:02d}.bundle"
         res = run_client(data, profile=load_profile(str(bundle.profile["name"])), config=config, out=out)
         evo = read_bundle(out)
         evo_rows.append(

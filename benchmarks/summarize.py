@@ -139,12 +139,50 @@ def fedmho_rows() -> None:
         print(f"| {alpha} | " + " | ".join(cells) + " |")
 
 
+def edge_rows() -> None:
+    """Searched model vs CNN1 per client, from results/edge_vs_fixed_*final*.json (finalists shown)."""
+    rows = []
+    for path in sorted(RESULTS.glob("edge_vs_fixed_*final*.json")):
+        rows += json.loads(path.read_text(encoding="utf-8"))["clients"]
+    if not rows:
+        return
+    print(
+        "\n| client | profile | CNN1 fits | finalists (val top-1 %, * = bundled) | searched top-1 % | "
+        "CNN1 top-1 % | MFLOPs | candidate-epochs | final-training epochs | search s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: r["client"]):
+        s, f = r["searched"], r["fixed_cnn1"]
+        finals = "<br>".join(
+            f"`{x['arch']}` {100 * x['val_accuracy']:.2f}{' *' if x['chosen'] else ''}"
+            for x in s["finalists"]
+        )
+        print(
+            f"| {r['client']} | {r['profile']} | {'yes' if r['cnn1_fits'] else 'no'} | {finals} | "
+            f"{100 * s['accuracy']:.2f} | {100 * f['accuracy']:.2f} | {s['flops'] / 1e6:.1f} | "
+            f"{s['candidate_epochs']} | {s['final_training_epochs']} | {s['search_seconds']:.0f} |"
+        )
+    fit = [r for r in rows if r["cnn1_fits"]]
+    for name, group in (("all clients", rows), ("clients where CNN1 fits", fit)):
+        searched = sum(r["searched"]["accuracy"] for r in group) / len(group)
+        fixed = sum(r["fixed_cnn1"]["accuracy"] for r in group) / len(group)
+        better = sum(r["searched"]["accuracy"] > r["fixed_cnn1"]["accuracy"] for r in group)
+        worse = sum(r["searched"]["accuracy"] < r["fixed_cnn1"]["accuracy"] for r in group)
+        print(
+            f"\n{name} ({len(group)}): searched {100 * searched:.2f} % vs CNN1 {100 * fixed:.2f} %; "
+            f"searched better on {better}, worse on {worse}, equal on {len(group) - better - worse}"
+        )
+
+
 def hapfnas_rows() -> None:
     """Proxy-vs-scratch rank correlation and evolution-vs-PSO rows from results/hapfnas_*.json."""
     for path in sorted(RESULTS.glob("hapfnas_*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
         sn = data["supernet"]
-        print(f"\n{path.stem}: supernet {sn['steps']} steps in {sn['seconds']:.0f} s")
+        print(
+            f"\n{path.stem}: supernet {sn['steps']} steps on {sn.get('data', 'synthetic')} "
+            f"({sn['inputs']} images) in {sn['seconds']:.0f} s"
+        )
         pvs = data.get("proxy_vs_scratch")
         if pvs:
             print(
@@ -172,9 +210,10 @@ def hapfnas_rows() -> None:
             print(
                 "\n| client | profile | PSO arch | PSO top-1 % | PSO cand-epochs | PSO search s | "
                 "evolution arch | evolution top-1 % | evolution cand-epochs | evolution search s | "
-                "evolution MFLOPs | predictor held-out Spearman / Kendall |"
+                "evolution device s (search + final training) | evolution MFLOPs | "
+                "predictor held-out Spearman / Kendall |"
             )
-            print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             for r in rows:
                 pso, evo = r["pso"], r["evolution"]
                 held = evo.get("predictor_heldout") or {}
@@ -187,7 +226,8 @@ def hapfnas_rows() -> None:
                     f"| {r['client']} | {r['profile']} | `{pso['arch']}` | {100 * pso['accuracy']:.2f} | "
                     f"{pso['candidate_epochs']} | {pso['search_seconds']:.0f} | `{evo['arch']}` | "
                     f"{100 * evo['accuracy']:.2f} | {evo['candidate_epochs']} | "
-                    f"{evo['search_seconds']:.0f} | {evo['flops'] / 1e6:.1f} | {corr} |"
+                    f"{evo['search_seconds']:.0f} | {evo['seconds']:.0f} | "
+                    f"{evo['flops'] / 1e6:.1f} | {corr} |"
                 )
 
 
@@ -199,6 +239,7 @@ def main(argv: list[str]) -> None:
     if not argv:
         fedmho_rows()
         personal_rows()
+        edge_rows()
         hapfnas_rows()
 
 
