@@ -88,17 +88,17 @@ def main(argv: list[str]) -> None:
         seed = int(bundle.seed)
         train_split, val_split = split_train_val(data, val_fraction=args.val_fraction, seed=seed)
         epochs = int(bundle.metrics["final_epochs"])
+        profile = load_profile(str(bundle.profile["name"]))
+        shape, classes = data.input_shape, data.num_classes
         if args.rerun:
             search = SearchConfig.preset("fast", final_epochs=epochs, **overrides)
             config = ClientConfig(search=search, seed=seed, role="classifier")
             out = args.rerun / f"client_{k:02d}.bundle"
-            res = run_client(data, profile=load_profile(str(bundle.profile["name"])), config=config, out=out)
+            res = run_client(data, profile=profile, config=config, out=out)
             bundle = read_bundle(out)
             finalists = json.loads(res.report_path.read_text()).get("finalists", [])
         else:
             finalists = []
-        profile = load_profile(str(bundle.profile["name"]))
-        shape, classes = data.input_shape, data.num_classes
         if k in earlier:
             fixed_row = earlier[k]
         else:

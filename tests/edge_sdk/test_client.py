@@ -6,20 +6,16 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
-from sklearn.datasets import load_digits
 
 from edge_sdk.client import ClientConfig, run_client
-from edge_sdk.data import ArrayDataset
+from edge_sdk.data import load_dataset
 from edge_sdk.search import SearchConfig
 from export.bundle import read_bundle
 from profiles import load_profile
 
 
 def test_run_client_keeps_the_most_accurate_finalist(tmp_path: Path) -> None:
-    d = load_digits()
-    x = torch.from_numpy(np.round(d.images * 255 / 16).astype(np.uint8))[:, None]
-    data = ArrayDataset(x, torch.from_numpy(d.target.astype(np.int64)), 10).subset(np.arange(600))
+    data = load_dataset("digits").subset(np.arange(600))
     search = SearchConfig(particles=3, iterations=1, max_depth=5, max_train_samples=100, final_epochs=2)
     config = ClientConfig(search=search, seed=3, role="classifier")
     result = run_client(data, profile=load_profile("laptop-cpu"), config=config, out=tmp_path / "c.bundle")
