@@ -31,7 +31,7 @@ case "$row" in
   nozskd-a0.5) opts=(--alpha 0.5 --hard-labels); reuse=pso-a0.5 ;;          # Table 5: w/o ZSKD
   generator-a0.5) opts=(--alpha 0.5 --synth generator); reuse=pso-a0.5 ;;
   pooled-a0.5) opts=(--alpha 0.5 --synth inversion,generator); reuse=pso-a0.5 ;;
-  labelweighted-a0.5) opts=(--alpha 0.5 --consensus label-weighted); reuse=pso-a0.5 ;;
+  labelweighted-a0.5) opts=(--alpha 0.5 --labels label-weighted --keep-mismatch --no-verify-claims); reuse=pso-a0.5 ;;
   generator-a0.1) opts=(--alpha 0.1 --synth generator); reuse=pso-a0.1 ;;
   inversion-a0.1) opts=(--alpha 0.1 --synth inversion --samples-per-teacher 200 --bn-weight 1); reuse=pso-a0.1 ;;
   pooled-a0.1) opts=(--alpha 0.1 --synth inversion,generator); reuse=pso-a0.1 ;;

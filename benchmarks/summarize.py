@@ -30,6 +30,15 @@ def time_log(path: Path) -> dict[str, float]:
     return out
 
 
+def _label_rule(aggregate: dict) -> str:
+    """The label rule of an aggregate config (older results recorded only ``consensus``)."""
+    if "labels" not in aggregate:
+        return aggregate.get("consensus", "mean")
+    labels = aggregate["labels"]
+    extras = [name for name in ("mask", "drop_mismatch") if labels.get(name)]
+    return "+".join([labels["rule"], *extras])
+
+
 def row(name: str) -> str:
     folder = RESULTS / name
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
@@ -41,8 +50,8 @@ def row(name: str) -> str:
     server = sum(v for k, v in sec.items() if k.startswith("server_") and k != "server_total")
     report_path = folder / "server_report.json"
     report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.is_file() else {}
-    consensus = cfg["aggregate"].get("consensus", "mean")
-    training = "hard labels" if cfg["aggregate"]["hard_labels"] else f"consensus KD ({consensus})"
+    rule = _label_rule(cfg["aggregate"])
+    training = "hard labels" if cfg["aggregate"]["hard_labels"] else f"consensus KD ({rule})"
     if report.get("training", "").startswith("FedMHO"):
         training = f"{report['training']} (init: {report['init']})"
     kinds = [c.get("kind", "classifier") for c in clients]
@@ -231,6 +240,42 @@ def hapfnas_rows() -> None:
                 )
 
 
+def label_rows() -> None:
+    """The label-skew ablation tables from results/label_ablation_*.json and poisoning_*.json
+    (benchmarks/label_ablation.py): one row per variant, with the teacher ensemble's ceilings."""
+    files = sorted(RESULTS.glob("label_ablation_*.json")) + sorted(RESULTS.glob("poisoning_*.json"))
+    if not files:
+        return
+    print(
+        "\n| file | variant | global top-1 % | lowest class % | per-class % | kept / made | "
+        "claims rejected | ceilings: mean / label-weighted / oracle % | seconds (synthesis, labels, "
+        "distill, adversarial) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for path in files:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        ceil = data.get("ceilings", {})
+        ceilings = " / ".join(
+            f"{100 * ceil[k]:.2f}" for k in ("mean", "label_weighted", "oracle") if k in ceil
+        )
+        for name, r in data.items():
+            if name == "ceilings":
+                continue
+            per_class = " ".join(f"{100 * a:.0f}" for a in r["per_class_accuracy"])
+            labels = r["labels"]
+            made = sum(labels.get("made_per_class", [])) or "-"
+            claims = r.get("claims")
+            rejected = "off" if claims is None else str(len(claims["rejected"]))
+            sec = r["seconds"]
+            secs = ", ".join(
+                f"{sec.get(k, 0):.0f}" for k in ("synthesis", "labels", "distill", "adversarial")
+            )
+            print(
+                f"| {path.stem} | {name} | {100 * r['accuracy']:.2f} | {100 * r['min_class_accuracy']:.1f} | "
+                f"{per_class} | {labels.get('kept', '-')} / {made} | {rejected} | {ceilings} | {secs} |"
+            )
+
+
 def main(argv: list[str]) -> None:
     names = argv or sorted(p.name for p in RESULTS.iterdir() if (p / "results.json").is_file())
     print(HEADER)
@@ -241,6 +286,7 @@ def main(argv: list[str]) -> None:
         personal_rows()
         edge_rows()
         hapfnas_rows()
+        label_rows()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import torch
 from edge_sdk.data import load_client_data
 from edge_sdk.train import to_float
 from export.atomic import atomic_write_json
-from server_kit.distill import consensus, label_count_weights
+from server_kit.labels import class_shares, consensus
 from server_kit.teachers import load_teachers
 
 
@@ -30,7 +30,7 @@ def main(runs: list[str]) -> None:
         test = load_client_data(f"runs/bench/{run}/data/test.npz")
         x, y = to_float(test.x), test.y
         modules = [t.module for t in teachers]
-        weights = label_count_weights([t.bundle.label_counts for t in teachers])
+        weights = class_shares([t.bundle.label_counts for t in teachers])
         mean = consensus(modules, x, tau=1.0)
         weighted = consensus(modules, x, tau=1.0, class_weights=weights)
         out[run] = {

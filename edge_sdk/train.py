@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,7 +27,16 @@ from profiles.errors import ConfigError, DataError
 if TYPE_CHECKING:
     from edge_sdk.data import ArrayDataset
 
-__all__ = ["TrainConfig", "evaluate", "kd_loss", "kd_loss_logits", "seeded", "to_float", "train"]
+__all__ = [
+    "TrainConfig",
+    "derive_seed",
+    "evaluate",
+    "kd_loss",
+    "kd_loss_logits",
+    "seeded",
+    "to_float",
+    "train",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +72,13 @@ def to_float(x_uint8: torch.Tensor) -> torch.Tensor:
     if x_uint8.dtype != torch.uint8:
         raise DataError(f"images must be uint8, got {x_uint8.dtype}")
     return x_uint8.float().div_(255.0)
+
+
+def derive_seed(*entropy: int) -> int:
+    """A 63-bit seed from non-negative integers (numpy's SeedSequence hashing): one independent stream per
+    purpose (a teacher, a chunk, a round) from one user seed, the same on every machine."""
+    state = np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
 
 
 @contextmanager

@@ -1,4 +1,8 @@
-"""The server pipeline: bundles -> teachers -> pseudo-images -> consensus labels -> student -> global.onnx.
+"""The server pipeline: bundles -> teachers -> pseudo-images -> labels -> student -> global.onnx.
+
+Four phases, each a typed function a benchmark can call alone: :func:`synthesize` (pooled synthesis
+sources, ``SOURCES``: inversion, decoder, generator), :func:`label` (:mod:`server_kit.labels`),
+:func:`train_global` (distillation, or FedMHO's fusion) and the report :func:`aggregate` writes.
 
 One call runs pFedZKD's server side (Algorithms 3 and 4) and leaves everything needed to audit it in
 ``out_dir``: ``global.onnx`` (validated, parity-checked), ``report.json`` (config, per-phase seconds,
@@ -10,10 +14,11 @@ is a thin CLI over it.
 
 from __future__ import annotations
 
+import copy
 import io
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,23 +36,33 @@ from export.bundle import read_bundle
 from export.onnx_export import export_onnx
 from profiles.checks import from_preset
 from profiles.errors import ConfigError, DataError, SpecError
+from server_kit.adversarial import AdversarialConfig, adversarial_distill
 from server_kit.decoders import filter_by_centroid, load_decoder, sample_decoders
-from server_kit.distill import DistillConfig, consensus, distill, label_count_weights
+from server_kit.distill import DistillConfig, distill
 from server_kit.fedavg import fedavg_init
 from server_kit.fusion import FusionConfig, fuse
-from server_kit.generator import GeneratorConfig, synthesize_generator
+from server_kit.generator import ConditionalGenerator, GeneratorConfig, synthesize_generator
 from server_kit.grid import write_grid
 from server_kit.inversion import InversionConfig, SyntheticSet, synthesize_inversion
-from server_kit.teachers import load_teachers
+from server_kit.labels import LabelConfig, Labels, label_synthetic
+from server_kit.teachers import Teacher, load_teachers
+from server_kit.trust import verify_claims
 
 __all__ = [
     "DEFAULT_STUDENT",
+    "SOURCES",
     "SYNTHETIC_FILE",
     "AggregateConfig",
     "AggregateResult",
+    "Federation",
+    "Synthesis",
+    "Training",
     "aggregate",
+    "label",
     "load_synthetic",
     "save_synthetic",
+    "synthesize",
+    "train_global",
 ]
 
 # A small CNN (0.42 M parameters, 8.5 MFLOPs at 28x28): big enough to absorb ten MNIST teachers,
@@ -59,7 +74,6 @@ _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
     # The paper fixes tau = 4 and (client side) Adam 1e-3, batch 64; E_distill is not given: 50 epochs.
     "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0),
 }
-_CONSENSUS = ("mean", "label-weighted")
 SYNTH_SOURCES = ("inversion", "generator", "decoder")
 SYNTHETIC_FILE = "synthetic.npz"  # the distillation set, kept for personalization (server-kit personalize)
 
@@ -78,8 +92,8 @@ class AggregateConfig:
 
     ``hard_labels`` is the paper's "w/o ZSKD" ablation: the student learns the generating teacher's
     target class with cross entropy, no multi-teacher fusion (``distill.hard_labels`` does the same).
-    ``consensus="label-weighted"`` weights each teacher's vote for class c by its share of the
-    federation's examples of c (from the bundles' label counts). ``device="auto"`` picks CUDA when present.
+    ``labels`` says how the teachers' votes become a soft target (:mod:`server_kit.labels`); the hard
+    labels of the ablation ignore it. ``device="auto"`` picks CUDA when present.
 
     FedMHO: the ``decoder`` source samples ``decoder_samples`` images from the ``cvae_decoder`` bundles
     (labels drawn from each client's label counts) and keeps the ``decoder_keep`` fraction nearest each
@@ -99,7 +113,13 @@ class AggregateConfig:
     # 0.7 point of the best at alpha 0.1, so the pooled pair is the default
     synth: tuple[str, ...] = ("inversion", "generator")
     generator: GeneratorConfig = field(default_factory=GeneratorConfig.preset)
-    consensus: str = "mean"
+    labels: LabelConfig = field(default_factory=LabelConfig)
+    # check each claimed class against the other claimants on the teachers' own inversions before any
+    # count weighs anything (server_kit.trust); None = whenever the inversion source runs
+    verify_claims: bool | None = None
+    # DENSE-style rounds after the distillation: the generator made adversarial to the student, the
+    # student trained on its new samples (server_kit.adversarial); needs the generator source
+    adversarial: AdversarialConfig | None = None
     decoder_samples: int = 6000  # FedMHO's synthetic budget (12,000 for EMNIST)
     decoder_keep: float = 0.8  # R_th of the centroid filter
     fusion: FusionConfig | None = None
@@ -144,8 +164,26 @@ class AggregateConfig:
             raise ConfigError("FedMHO fusion trains on decoder samples: add 'decoder' to synth")
         if self.fusion is not None and self.use_hard_labels:
             raise ConfigError("fusion and hard_labels are two different server methods; pick one")
-        if self.consensus not in _CONSENSUS:
-            raise ConfigError(f"consensus must be one of {list(_CONSENSUS)}, got {self.consensus!r}")
+        if self.verify_claims is not None and not isinstance(self.verify_claims, bool):
+            raise ConfigError(f"verify_claims must be None, True or False, got {self.verify_claims!r}")
+        if self.verify_claims and "inversion" not in self.synth:
+            raise ConfigError(
+                "verify_claims checks label counts on the teachers' own inversions: add 'inversion' to "
+                "synth, or set verify_claims=False"
+            )
+        if self.adversarial is not None and not isinstance(self.adversarial, AdversarialConfig):
+            raise ConfigError(f"adversarial must be None or an AdversarialConfig, got {self.adversarial!r}")
+        if self.adversarial is not None and "generator" not in self.synth:
+            raise ConfigError(
+                "adversarial distillation keeps training the generator: add 'generator' to synth"
+            )
+        if self.adversarial is not None and (self.use_hard_labels or self.fusion is not None):
+            raise ConfigError(
+                "adversarial distillation refines a consensus-distilled student: drop "
+                "hard_labels / fusion, or set adversarial=None"
+            )
+        if not isinstance(self.labels, LabelConfig):
+            raise ConfigError(f"labels must be a LabelConfig, got {type(self.labels).__name__}")
         if not isinstance(self.hard_labels, bool):
             raise ConfigError(f"hard_labels must be a bool, got {self.hard_labels!r}")
         if self.on_error not in ("stop", "skip"):
@@ -157,17 +195,28 @@ class AggregateConfig:
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: Any) -> AggregateConfig:
-        """``fast`` (CPU minutes, the default) or ``paper`` (pFedZKD: inversion only, N_syn 4000, its
-        ZSKD settings), with any field overridden by keyword."""
+        """``fast`` (CPU minutes, the default) or ``paper`` (pFedZKD as printed: inversion only, N_syn
+        4000, its ZSKD settings, the mean consensus, counts taken as claimed), with any field overridden
+        by keyword."""
+        paper = {
+            "synth": ("inversion",),
+            "labels": LabelConfig(rule="mean", mask=False, drop_mismatch=False),
+            "verify_claims": False,
+        }
         presets = {
             key: {
                 "inversion": InversionConfig.preset(key),
                 "distill": DistillConfig(**_DISTILL_PRESETS[key]),
-                **({"synth": ("inversion",)} if key == "paper" else {}),
+                **(paper if key == "paper" else {}),
             }
             for key in _DISTILL_PRESETS
         }
         return from_preset(cls, presets, name, "aggregate", **overrides)
+
+    @property
+    def checks_claims(self) -> bool:
+        """Whether the label counts are verified (``verify_claims``, or by default with inversion)."""
+        return "inversion" in self.synth if self.verify_claims is None else self.verify_claims
 
     @property
     def use_hard_labels(self) -> bool:
@@ -179,6 +228,8 @@ class AggregateConfig:
         out["generator"] = self.generator.to_dict()
         out["synth"] = list(self.synth)
         out["fusion"] = None if self.fusion is None else self.fusion.to_dict()
+        out["labels"] = self.labels.to_dict()
+        out["adversarial"] = None if self.adversarial is None else self.adversarial.to_dict()
         return out
 
 
@@ -235,6 +286,253 @@ def aggregate(
         torch.set_num_threads(previous_threads)
 
 
+@dataclass(frozen=True)
+class Federation:
+    """What every server phase needs to know about the uploads: the teachers (frozen modules) and what
+    each says it was trained on, the CVAE decoder bundles, the task's shape, and where to compute."""
+
+    modules: list[torch.nn.Module]
+    label_counts: list[list[int]]
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    device: torch.device
+    decoders: list[tuple[Path, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_teachers(
+        cls, teachers: Sequence[Teacher], device: torch.device, decoders: list[tuple[Path, Any]] | None = None
+    ) -> Federation:
+        first = teachers[0].bundle
+        return cls(
+            modules=[t.module for t in teachers],
+            label_counts=[list(t.bundle.label_counts) for t in teachers],
+            num_classes=first.num_classes,
+            input_shape=tuple(first.input_shape),  # type: ignore[arg-type]
+            device=device,
+            decoders=list(decoders or []),
+        )
+
+
+@dataclass(frozen=True)
+class Synthesis:
+    """The pooled synthetic set, each source's part of it, the label counts the later phases may trust
+    (the claimed ones, or those that passed :func:`server_kit.trust.verify_claims`) and the report."""
+
+    synthetic: SyntheticSet
+    parts: dict[str, SyntheticSet]
+    label_counts: list[list[int]]
+    seconds: dict[str, float]
+    report: dict[str, Any]
+    generator: ConditionalGenerator | None = None
+
+
+@dataclass(frozen=True)
+class SourceOutput:
+    """What one synthesis source gives: its samples, its report entries, and a generator that can draw
+    more (the generator source only; adversarial distillation keeps training it)."""
+
+    samples: SyntheticSet
+    report: dict[str, Any] = field(default_factory=dict)
+    generator: ConditionalGenerator | None = None
+
+
+# A synthesis source: (federation, config, out_dir, progress) -> its output.
+SynthesisSource = Callable[[Federation, "AggregateConfig", Path, bool], SourceOutput]
+
+
+def _inversion_source(fed: Federation, config: AggregateConfig, out: Path, progress: bool) -> SourceOutput:
+    """pFedZKD's Multi-ZSKD inversion of every teacher (for its own classes with ``classes="held"``)."""
+    part = synthesize_inversion(
+        fed.modules,
+        num_classes=fed.num_classes,
+        input_shape=fed.input_shape,
+        config=config.inversion,
+        seed=config.seed,
+        device=fed.device,
+        work_dir=out / "synthetic",
+        progress=progress,
+        label_counts=fed.label_counts if config.inversion.classes == "held" else None,
+    )
+    return SourceOutput(part)
+
+
+def _generator_source(fed: Federation, config: AggregateConfig, out: Path, progress: bool) -> SourceOutput:
+    """A conditional generator trained against the label-share-weighted teachers (FedKDG/DENSE/DFDG)."""
+    part, generator, losses = synthesize_generator(
+        fed.modules,
+        fed.label_counts,
+        input_shape=fed.input_shape,
+        num_classes=fed.num_classes,
+        config=config.generator,
+        seed=config.seed,
+        device=fed.device,
+        progress=progress,
+        work_dir=out / "generator",
+    )
+    return SourceOutput(part, {"generator_loss": losses[:: max(1, len(losses) // 50)]}, generator)
+
+
+def _decoder_source(fed: Federation, config: AggregateConfig, out: Path, progress: bool) -> SourceOutput:
+    """FedMHO: samples of the uploaded CVAE decoders, labelled by construction, centroid-filtered."""
+    part, report = _decoder_samples(fed.decoders, fed.num_classes, fed.input_shape, config, out)
+    return SourceOutput(part, {"decoders": report})
+
+
+SOURCES: dict[str, SynthesisSource] = {
+    "inversion": _inversion_source,
+    "decoder": _decoder_source,
+    "generator": _generator_source,
+}
+
+
+def synthesize(fed: Federation, config: AggregateConfig, out: Path, *, progress: bool = False) -> Synthesis:
+    """Run every source of ``config.synth`` (in ``SOURCES`` order, so the pooled set does not depend on
+    the order the user listed them in) and pool their samples.
+
+    With ``config.checks_claims`` the label counts are verified on the inversions as soon as they exist,
+    so the generator (and every later phase) weighs the teachers by the verified counts.
+    """
+    parts: dict[str, SyntheticSet] = {}
+    seconds: dict[str, float] = {}
+    report: dict[str, Any] = {"claims": None}
+    generator = None
+    for name, source in SOURCES.items():
+        if name not in config.synth:
+            continue
+        t0 = time.perf_counter()
+        output = source(fed, config, out, progress)
+        parts[name] = output.samples
+        report.update(output.report)
+        generator = output.generator or generator
+        seconds[name] = time.perf_counter() - t0
+        if name == "inversion" and config.checks_claims:
+            t0 = time.perf_counter()
+            check = verify_claims(fed.modules, fed.label_counts, parts[name], device=fed.device)
+            fed = replace(fed, label_counts=check.label_counts)
+            report["claims"] = check.report()
+            seconds["claims"] = time.perf_counter() - t0
+    pooled = SyntheticSet(
+        x=torch.cat([p.x for p in parts.values()]),
+        teacher=torch.cat([p.teacher for p in parts.values()]),
+        target_class=torch.cat([p.target_class for p in parts.values()]),
+    )
+    report["synthetic_sources"] = {name: len(p) for name, p in parts.items()}
+    return Synthesis(pooled, parts, fed.label_counts, seconds, report, generator)
+
+
+def label(fed: Federation, synthesis: Synthesis, config: AggregateConfig) -> Labels:
+    """Soft targets for the synthetic set (``config.labels``, weighing the teachers by the counts that
+    synthesis trusted), or the paper's "w/o ZSKD" ablation: the target class as a hard label, all kept."""
+    synthetic = synthesis.synthetic
+    if config.use_hard_labels:
+        targets = F.one_hot(synthetic.target_class, fed.num_classes).float()
+        n = len(synthetic)
+        return Labels(targets=targets, keep=torch.ones(n, dtype=torch.bool), report={"rule": "hard"})
+    return label_synthetic(
+        fed.modules,
+        synthetic.x,
+        synthetic.target_class,
+        synthesis.label_counts,
+        config=config.labels,
+        tau=config.distill.tau,
+        device=fed.device,
+    )
+
+
+@dataclass(frozen=True)
+class Training:
+    """The trained global model and how it was made."""
+
+    student: torch.nn.Module
+    spec: str
+    init: str
+    distill_loss: list[float]
+    fusion_loss: list[float]
+    seconds: dict[str, float]
+    adversarial: dict[str, list[float]] | None = None
+
+
+def train_global(
+    fed: Federation,
+    synthesis: Synthesis,
+    labels: Labels,
+    config: AggregateConfig,
+    *,
+    teachers: Sequence[Teacher] = (),
+    progress: bool = False,
+) -> Training:
+    """Distil the student on the kept labelled samples, then (``config.adversarial``) refine it in DENSE's
+    rounds; with ``config.fusion`` (FedMHO) initialise it by FedAvg of the same-architecture ``teachers``
+    when possible and fuse it on the decoder samples."""
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    spec = _student_spec(config.student, fed.num_classes)
+    init = "consensus-distillation"
+    student = fedavg_init(list(teachers)) if config.fusion is not None and config.fedavg_init else None
+    losses: list[float] = []
+    if student is not None:  # FedMHO Eq. 4: same-architecture classifiers are averaged
+        init, spec = "fedavg", teachers[0].bundle.arch
+    else:
+        keep = labels.keep
+        if int(keep.sum()) < 2:
+            raise DataError(
+                f"only {int(keep.sum())} of {len(keep)} synthetic samples carry their target class's label; "
+                "the teachers disagree with every source: keep them with drop_mismatch=False"
+            )
+        hard = config.use_hard_labels
+        targets = synthesis.synthetic.target_class[keep] if hard else labels.targets[keep]
+        with seeded(config.seed):  # weight init draws from the global RNG: scope and seed it
+            student = build_model(spec, fed.input_shape, fed.num_classes)
+        losses = distill(
+            student,
+            synthesis.synthetic.x[keep],
+            targets,
+            config=replace(config.distill, hard_labels=hard),
+            seed=config.seed,
+            device=fed.device,
+            progress=progress,
+        )
+    seconds["distill"] = time.perf_counter() - t0
+    curves = None
+    if config.adversarial is not None:
+        if synthesis.generator is None:
+            raise ConfigError("adversarial distillation needs the generator source's generator")
+        t0 = time.perf_counter()
+        keep = labels.keep
+        curves = adversarial_distill(
+            student,
+            copy.deepcopy(synthesis.generator),  # a phase leaves its inputs as they were
+            fed.modules,
+            synthesis.label_counts,
+            synthesis.synthetic.x[keep],
+            labels.targets[keep],
+            config=config.adversarial,
+            generator_config=config.generator,
+            labels=config.labels,
+            distill_config=config.distill,
+            seed=config.seed,
+            device=fed.device,
+            progress=progress,
+        )
+        seconds["adversarial"] = time.perf_counter() - t0
+    fusion_losses: list[float] = []
+    if config.fusion is not None:
+        decoder_part = synthesis.parts["decoder"]
+        t0 = time.perf_counter()
+        fusion_losses = fuse(
+            student,
+            decoder_part.x,
+            decoder_part.target_class,
+            config=config.fusion,
+            teachers=fed.modules,
+            seed=config.seed,
+            device=fed.device,
+            progress=progress,
+        )
+        seconds["fusion"] = time.perf_counter() - t0
+    return Training(student.cpu().eval(), spec, init, losses, fusion_losses, seconds, curves)
+
+
 def _run(
     bundle_paths: list[str | Path],
     out: Path,
@@ -249,139 +547,47 @@ def _run(
     t0 = time.perf_counter()
     classifier_paths, decoder_bundles = _split_kinds(bundle_paths)
     teachers, skipped = load_teachers(classifier_paths, on_error=config.on_error, device=device)
-    modules = [t.module for t in teachers]
-    num_classes = teachers[0].bundle.num_classes
-    input_shape = tuple(teachers[0].bundle.input_shape)
+    fed = Federation.from_teachers(teachers, device, decoder_bundles)
     if eval_data is not None and (
-        eval_data.num_classes != num_classes or eval_data.input_shape != input_shape
+        eval_data.num_classes != fed.num_classes or eval_data.input_shape != fed.input_shape
     ):
         raise DataError(
             f"eval data is {eval_data.num_classes} classes of {eval_data.input_shape} but the teachers are "
-            f"{num_classes} classes of {input_shape}; pass the test set of the federation's task"
+            f"{fed.num_classes} classes of {fed.input_shape}; pass the test set of the federation's task"
         )
     seconds["load"] = time.perf_counter() - t0
 
-    parts: list[SyntheticSet] = []
-    sources: dict[str, int] = {}
-    if "inversion" in config.synth:
-        t0 = time.perf_counter()
-        part = synthesize_inversion(
-            modules,
-            num_classes=num_classes,
-            input_shape=input_shape,  # type: ignore[arg-type]
-            config=config.inversion,
-            seed=config.seed,
-            device=device,
-            work_dir=out / "synthetic",
-            progress=progress,
-        )
-        parts.append(part)
-        sources["inversion"] = len(part)
-        seconds["inversion"] = time.perf_counter() - t0
-    decoder_part: SyntheticSet | None = None
-    decoder_report: dict[str, Any] | None = None
-    if "decoder" in config.synth:
-        t0 = time.perf_counter()
-        decoder_part, decoder_report = _decoder_samples(
-            decoder_bundles, num_classes, input_shape, config, out
-        )
-        parts.append(decoder_part)
-        sources["decoder"] = len(decoder_part)
-        seconds["decoder"] = time.perf_counter() - t0
-    generator_losses: list[dict[str, float]] = []
-    if "generator" in config.synth:
-        t0 = time.perf_counter()
-        part, _, generator_losses = synthesize_generator(
-            modules,
-            [t.bundle.label_counts for t in teachers],
-            input_shape=input_shape,  # type: ignore[arg-type]
-            num_classes=num_classes,
-            config=config.generator,
-            seed=config.seed,
-            device=device,
-            progress=progress,
-            work_dir=out / "generator",
-        )
-        parts.append(part)
-        sources["generator"] = len(part)
-        seconds["generator"] = time.perf_counter() - t0
-    synthetic = SyntheticSet(
-        x=torch.cat([p.x for p in parts]),
-        teacher=torch.cat([p.teacher for p in parts]),
-        target_class=torch.cat([p.target_class for p in parts]),
-    )
-
+    synthesis = synthesize(fed, config, out, progress=progress)
+    seconds.update(synthesis.seconds)
+    synthetic = synthesis.synthetic
     save_synthetic(out / SYNTHETIC_FILE, synthetic)
 
     t0 = time.perf_counter()
-    hard = config.use_hard_labels
-    if hard:  # "w/o ZSKD": no fusion, the generating teacher's target class is the label
-        targets = synthetic.target_class
-        probs = F.one_hot(targets, num_classes).float()  # N x L, only for the grid
-    else:
-        weights = None
-        if config.consensus == "label-weighted":
-            weights = label_count_weights([t.bundle.label_counts for t in teachers])
-        probs = consensus(modules, synthetic.x, tau=config.distill.tau, class_weights=weights, device=device)
-        targets = probs
+    labels = label(fed, synthesis, config)
     agreement = {
-        # how often the labels name the class an image's soft target was drawn for (bounded well below 1:
-        # ZSKD's targets put most mass on c only about half the time) ...
-        "target_class": float((probs.argmax(1) == synthetic.target_class).float().mean()),
+        # how often the labels name the class a sample was made for ...
+        "target_class": float((labels.targets.argmax(1) == synthetic.target_class).float().mean()),
         # ... and how often they agree with the teacher that made the image (does the image transfer?)
-        "generating_teacher": _generator_agreement(modules, synthetic, probs.argmax(1), device),
+        "generating_teacher": _generator_agreement(fed.modules, synthetic, labels.targets.argmax(1), device),
     }
-    seconds["consensus"] = time.perf_counter() - t0
+    seconds["labels"] = time.perf_counter() - t0
+
+    training = train_global(fed, synthesis, labels, config, teachers=teachers, progress=progress)
+    seconds.update(training.seconds)
 
     t0 = time.perf_counter()
-    spec = _student_spec(config.student, num_classes)
-    init = "consensus-distillation"
-    student = fedavg_init(teachers) if config.fusion is not None and config.fedavg_init else None
-    losses: list[float] = []
-    if student is not None:  # FedMHO Eq. 4: same-architecture classifiers are averaged
-        init, spec = "fedavg", teachers[0].bundle.arch
-    else:
-        with seeded(config.seed):  # weight init draws from the global RNG: scope and seed it
-            student = build_model(spec, input_shape, num_classes)  # type: ignore[arg-type]
-        losses = distill(
-            student,
-            synthetic.x,
-            targets,
-            config=replace(config.distill, hard_labels=hard),
-            seed=config.seed,
-            device=device,
-            progress=progress,
-        )
-    seconds["distill"] = time.perf_counter() - t0
-    fusion_losses: list[float] = []
-    if config.fusion is not None:
-        assert decoder_part is not None
-        t0 = time.perf_counter()
-        fusion_losses = fuse(
-            student,
-            decoder_part.x,
-            decoder_part.target_class,
-            config=config.fusion,
-            teachers=modules,
-            seed=config.seed,
-            device=device,
-            progress=progress,
-        )
-        seconds["fusion"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    student = student.cpu().eval()
     metadata = {
-        "arch": spec,
+        "arch": training.spec,
         "role": "global-student",
         "producer": "server-kit",
-        "num_classes": str(num_classes),
+        "num_classes": str(fed.num_classes),
         "num_teachers": str(len(teachers)),
         "seed": str(config.seed),
     }
-    model_bytes = export_onnx(student, input_shape, metadata=metadata, seed=config.seed)  # type: ignore[arg-type]
+    model_bytes = export_onnx(training.student, fed.input_shape, metadata=metadata, seed=config.seed)
     global_onnx = atomic_write_bytes(out / "global.onnx", model_bytes)
-    grid_path = write_grid(out / "pseudo_images.png", synthetic.x, probs)
+    keep = labels.keep
+    grid_path = write_grid(out / "pseudo_images.png", synthetic.x[keep], labels.targets[keep])
     seconds["export"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -398,7 +604,11 @@ def _run(
         "seed": config.seed,
         "device": str(device),
         "threads": torch.get_num_threads(),
-        "student": {"arch": spec, "num_classes": num_classes, "input_shape": list(input_shape)},
+        "student": {
+            "arch": training.spec,
+            "num_classes": fed.num_classes,
+            "input_shape": list(fed.input_shape),
+        },
         "teachers": [
             {
                 "file": str(t.path) if t.path is not None else None,
@@ -414,15 +624,17 @@ def _run(
         ],
         "skipped": [{"file": path, "reason": reason} for path, reason in skipped],
         "synthetic_size": len(synthetic),
-        "synthetic_sources": sources,
-        "generator_loss": generator_losses[:: max(1, len(generator_losses) // 50)],
-        "labels": "hard (target class, w/o ZSKD)" if hard else f"consensus ({config.consensus})",
+        "generator_loss": [],
+        "decoders": None,
+        **synthesis.report,
+        "labels": labels.report,
+        "distilled_samples": labels.kept,
         "training": "consensus distillation" if config.fusion is None else f"FedMHO-{config.fusion.mode}",
-        "init": init,
-        "fusion_loss": fusion_losses,
-        "decoders": decoder_report,
+        "init": training.init,
+        "fusion_loss": training.fusion_loss,
         "label_agreement": agreement,
-        "distill_loss": losses,
+        "distill_loss": training.distill_loss,
+        "adversarial": training.adversarial,
         "seconds": seconds,
         "outputs": {
             "global_onnx": global_onnx.name,

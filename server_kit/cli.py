@@ -29,6 +29,7 @@ INVERSION_KNOBS = {
     "bn_weight": "bn_weight",
     "tv_weight": "tv_weight",
     "l2_weight": "l2_weight",
+    "inversion_classes": "classes",
 }
 GENERATOR_KNOBS = {
     "generator_steps": "steps",
@@ -36,12 +37,14 @@ GENERATOR_KNOBS = {
     "generator_bn_weight": "bn_weight",
     "generator_div_weight": "div_weight",
     "generator_filter": "filter_fraction",
+    "generator_mask": "mask_teachers",
 }
 DISTILL_KNOBS = {
     "distill_epochs": "epochs",
     "distill_lr": "lr",
     "distill_batch_size": "batch_size",
     "tau": "tau",
+    "distill_shift": "shift",
 }
 
 
@@ -82,7 +85,45 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
         "--generator-filter", type=float, help="fraction of the noisiest generated samples dropped"
     )
     g.add_argument("--server-device", dest="server_device", help="auto (default), cpu or cuda")
-    g.add_argument("--consensus", choices=["mean", "label-weighted"], help="how teacher votes are combined")
+    g.add_argument(
+        "--labels",
+        dest="label_rule",
+        choices=["mean", "label-weighted", "conditioned"],
+        help="how teacher votes become a sample's label: label-weighted (default: each teacher's vote for a "
+        "class scaled by its share of that class), conditioned (weighted by its share of the class the "
+        "sample was made for), mean (pFedZKD)",
+    )
+    g.add_argument(
+        "--label-mask",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each teacher votes only for the classes it has examples of (default: off)",
+    )
+    g.add_argument(
+        "--keep-mismatch",
+        dest="drop_mismatch",
+        action="store_false",
+        default=None,
+        help="also distil on samples whose label is not the class they were made for",
+    )
+    g.add_argument(
+        "--verify-claims",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="check each teacher's claimed classes against the other claimants before trusting its label "
+        "counts (default: on whenever the inversion source runs)",
+    )
+    g.add_argument(
+        "--inversion-classes",
+        choices=["all", "held"],
+        help="invert each teacher for every class (default, the paper) or only for the classes it holds",
+    )
+    g.add_argument(
+        "--generator-mask",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the generator's per-teacher cross entropy over the classes a teacher holds only (default: off)",
+    )
     g.add_argument(
         "--hard-labels",
         action="store_true",
@@ -107,6 +148,14 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--distill-lr", type=float)
     g.add_argument("--distill-batch-size", type=int)
     g.add_argument("--tau", type=float, help="distillation temperature (paper: 4)")
+    g.add_argument(
+        "--distill-shift", type=float, help="random shift of distillation batches (fraction of side)"
+    )
+    g.add_argument(
+        "--adversarial-rounds",
+        type=int,
+        help="DENSE-style rounds after the distillation (generator adversarial to the student; default off)",
+    )
 
 
 def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateConfig
@@ -125,7 +174,12 @@ def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateCon
         base.generator,
         **{f: getattr(args, a) for a, f in GENERATOR_KNOBS.items() if getattr(args, a) is not None},
     )
-    names = ["student", "synth", "consensus", "hard_labels", "on_error", "threads"]
+    label_knobs = {"label_rule": "rule", "label_mask": "mask", "drop_mismatch": "drop_mismatch"}
+    labels = dataclasses.replace(
+        base.labels,
+        **{f: getattr(args, a) for a, f in label_knobs.items() if getattr(args, a) is not None},
+    )
+    names = ["student", "synth", "hard_labels", "on_error", "threads", "verify_claims"]
     top = overrides(args, [*names, "decoder_samples", "decoder_keep", "fedavg_init"])
     if args.fusion is not None:
         from server_kit.fusion import FusionConfig
@@ -136,7 +190,13 @@ def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateCon
         )
     if args.server_device is not None:
         top["device"] = args.server_device
-    return dataclasses.replace(base, inversion=inv, generator=gen, distill=dis, seed=seed, **top)
+    if args.adversarial_rounds is not None:
+        from server_kit.adversarial import AdversarialConfig
+
+        top["adversarial"] = AdversarialConfig(rounds=args.adversarial_rounds)
+    return dataclasses.replace(
+        base, inversion=inv, generator=gen, distill=dis, labels=labels, seed=seed, **top
+    )
 
 
 def cmd_aggregate(args: argparse.Namespace) -> None:

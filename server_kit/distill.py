@@ -1,16 +1,12 @@
-"""Consensus soft labels and multi-teacher distillation into the student (pFedZKD section 3.3.2-3.3.3).
+"""Multi-teacher distillation into the student (pFedZKD section 3.3.3, Algorithm 4).
 
-Every pseudo-image is labelled by all teachers, not only the one that generated it: the mean of the
-teachers' temperature-softened predictions averages out the inversion errors of single models. With
-``class_weights`` a teacher's vote for class c is scaled by its share of the federation's examples of c
-(from the bundles' label counts), so a client that never saw a class cannot out-vote one that did.
-The student then minimises KL(consensus || softmax(student / tau)) over the synthetic set (Algorithm 4).
+The soft targets come from :mod:`server_kit.labels` (how the teachers' votes are combined); the student
+minimises KL(targets || softmax(student / tau)) over the synthetic set.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -20,78 +16,13 @@ from torch import Tensor, nn
 from edge_sdk.train import kd_loss
 from profiles.errors import ConfigError
 
-__all__ = ["DistillConfig", "consensus", "distill", "label_count_weights"]
+__all__ = ["DistillConfig", "distill", "random_shift"]
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def label_count_weights(label_counts: Sequence[Sequence[int]]) -> Tensor:
-    """K x L vote weights: teacher k's share of the federation's examples of class c (columns sum to 1).
-
-    A class no teacher has examples of gets uniform weights 1/K (every teacher is equally uninformed).
-    """
-    counts = torch.as_tensor([list(row) for row in label_counts], dtype=torch.float64)  # K x L
-    if counts.ndim != 2 or counts.shape[0] < 1 or counts.shape[1] < 2:
-        raise ConfigError(f"label_counts must be K x L with K >= 1, L >= 2, got shape {tuple(counts.shape)}")
-    if (counts < 0).any() or not torch.isfinite(counts).all():
-        raise ConfigError("label_counts must be finite and >= 0")
-    total = counts.sum(dim=0, keepdim=True)  # 1 x L
-    uniform = torch.full_like(counts, 1.0 / counts.shape[0])
-    return torch.where(total > 0, counts / total.clamp(min=1.0), uniform).float()
-
-
-@torch.no_grad()
-def consensus(
-    modules: Sequence[nn.Module],
-    x: Tensor,
-    *,
-    tau: float,
-    class_weights: Tensor | None = None,
-    batch_size: int = 512,
-    device: str | torch.device = "cpu",
-) -> Tensor:
-    """N x L consensus soft labels: mean over teachers of softmax(T_k(x) / tau) (Algorithm 4, step 2).
-
-    With ``class_weights`` (K x L, see :func:`label_count_weights`) p_c = sum_k w_kc p_kc, rows then
-    renormalised to sum to 1. Modules are evaluated in eval mode; their training flag is restored.
-    """
-    if not modules:
-        raise ConfigError("consensus needs at least one teacher")
-    if tau <= 0:
-        raise ConfigError(f"tau must be > 0, got {tau}")
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    dev = _resolve_device(device)
-    if class_weights is not None and class_weights.shape[0] != len(modules):
-        raise ConfigError(f"class_weights has {class_weights.shape[0]} rows for {len(modules)} teachers")
-    total: Tensor | None = None  # N x L, float64 accumulator
-    for k, module in enumerate(modules):
-        was_training = module.training
-        module.eval().to(dev)
-        probs = torch.cat(
-            [
-                F.softmax(module(x[i : i + batch_size].to(dev)).double() / tau, dim=1).cpu()
-                for i in range(0, x.shape[0], batch_size)
-            ]
-        )  # N x L
-        module.train(was_training)
-        if class_weights is not None:
-            if class_weights.shape[1] != probs.shape[1]:
-                raise ConfigError(
-                    f"class_weights has {class_weights.shape[1]} classes, teacher {k} {probs.shape[1]}"
-                )
-            probs = probs * class_weights[k].double()  # N x L, vote of k for c scaled by w_kc
-        if total is not None and total.shape != probs.shape:
-            raise ConfigError(f"teacher {k} predicts {probs.shape[1]} classes, teacher 0 {total.shape[1]}")
-        total = probs if total is None else total + probs
-    assert total is not None
-    if class_weights is None:
-        return (total / len(modules)).float()
-    return (total / total.sum(dim=1, keepdim=True).clamp(min=1e-300)).float()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +35,10 @@ class DistillConfig:
     tau: float = 4.0
     hard_labels: bool = False  # the "w/o ZSKD" ablation: CE on class indices instead of KL on soft labels
     weight_decay: float = 0.0
+    # every batch shifted by up to this fraction of the image side (random per sample, zero padding): a
+    # synthetic set is small and made by optimisation, and a student that must match the label under
+    # small translations learns the object rather than the exact pixels the teachers were optimised on
+    shift: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -118,9 +53,32 @@ class DistillConfig:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if not isinstance(self.hard_labels, bool):
             raise ConfigError(f"hard_labels must be a bool, got {self.hard_labels!r}")
+        if (
+            not isinstance(self.shift, int | float)
+            or isinstance(self.shift, bool)
+            or not 0 <= self.shift < 0.5
+        ):
+            raise ConfigError(f"shift must be a fraction in [0, 0.5), got {self.shift!r}")
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def random_shift(x: Tensor, fraction: float, generator: torch.Generator) -> Tensor:
+    """Translate each image by a random whole number of pixels, up to ``fraction`` of its side, in each
+    direction; vacated pixels are 0. Offsets are drawn on the CPU from ``generator`` (device-independent)."""
+    n, _, h, w = x.shape
+    pad_h, pad_w = int(fraction * h), int(fraction * w)
+    if pad_h == 0 and pad_w == 0:
+        return x
+    dy = torch.randint(-pad_h, pad_h + 1, (n,), generator=generator).to(x.device)
+    dx = torch.randint(-pad_w, pad_w + 1, (n,), generator=generator).to(x.device)
+    padded = F.pad(x, (pad_w, pad_w, pad_h, pad_h))  # N x C x (H + 2p) x (W + 2p)
+    rows = (torch.arange(h, device=x.device).view(1, h) + pad_h - dy.view(n, 1)).view(n, 1, h, 1)
+    cols = (torch.arange(w, device=x.device).view(1, w) + pad_w - dx.view(n, 1)).view(n, 1, 1, w)
+    index_rows = rows.expand(n, x.shape[1], h, padded.shape[3])
+    picked = padded.gather(2, index_rows)  # N x C x H x (W + 2p)
+    return picked.gather(3, cols.expand(n, x.shape[1], h, w))
 
 
 def distill(
@@ -174,7 +132,10 @@ def distill(
                 idx = order[i : i + config.batch_size]
                 if idx.numel() < 2:  # a lone trailing sample: BatchNorm cannot train on batch 1
                     continue
-                logits = student(x_dev[idx])  # B x L
+                xb = x_dev[idx]
+                if config.shift > 0:
+                    xb = random_shift(xb, config.shift, gen)
+                logits = student(xb)  # B x L
                 if config.hard_labels:
                     loss = F.cross_entropy(logits, y_dev[idx])
                 else:

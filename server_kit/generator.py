@@ -32,24 +32,25 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.onnx_export import export_decoder_onnx, read_metadata
 from export.weights import initializer_state_dict
 from profiles.checks import check_int, from_preset, is_number
 from profiles.errors import BundleError, ConfigError
-from server_kit.distill import label_count_weights
 from server_kit.inversion import SyntheticSet
+from server_kit.labels import class_shares, held_classes
 from server_kit.teachers import batchnorm_layers
 
 __all__ = [
     "ConditionalGenerator",
     "GeneratorConfig",
     "diversity_loss",
+    "ensemble_ce",
     "export_generator",
     "filter_noisy",
     "gradient_noise_scores",
@@ -70,9 +71,11 @@ _PRESETS: dict[str, dict[str, object]] = {
     # Measured on 10 MNIST teachers (alpha 0.5, 2 CPU threads), benchmarks/results/generator_tuning.md:
     # diversity and BN matching each raised the student's accuracy, the noise filter lowered it, and 60
     # steps of 64 at lr 1e-2 already bring the weighted CE near 0.06. samples = inversion's fast set size.
+    # ens_weight 1: at alpha 0.1 (benchmarks/RESULTS.md, "Label skew") the federation's label-weighted
+    # ensemble loss lifted the global model from 76.76 to 77.87 % with the same labels.
     "fast": dict(
         nz=64, width=32, steps=60, batch_size=64, lr=1e-2, ce_weight=1.0, div_weight=1.0, bn_weight=0.1,
-        adv_weight=0.0, filter_fraction=0.0, samples=6000, tau=4.0,
+        adv_weight=0.0, filter_fraction=0.0, samples=6000, tau=4.0, ens_weight=1.0,
     ),
 }
 # fmt: on
@@ -101,6 +104,14 @@ class GeneratorConfig:
     samples: int
     tau: float
     filter_during_training: bool = False
+    # each teacher's cross entropy over the classes it holds only (server_kit.labels.held_classes): its
+    # logits of classes it never trained on are arbitrary on generated images
+    mask_teachers: bool = False
+    # cross entropy of the federation's per-output label-weighted ensemble (server_kit.labels' real-image
+    # rule: teacher k's vote for class c scaled by its share of c) against the conditioning label: a
+    # teacher holding y and one other class calls anything "not the other class" y, so the per-teacher
+    # loss alone lets G make images that the rest of the federation would call something else
+    ens_weight: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("nz", "width", "steps", "samples"):
@@ -110,7 +121,7 @@ class GeneratorConfig:
             value = getattr(self, name)
             if not is_number(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
-        for name in ("ce_weight", "div_weight", "bn_weight", "adv_weight"):
+        for name in ("ce_weight", "div_weight", "bn_weight", "adv_weight", "ens_weight"):
             value = getattr(self, name)
             if not is_number(value) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
@@ -118,6 +129,8 @@ class GeneratorConfig:
             raise ConfigError(f"filter_fraction must be in [0, 1), got {self.filter_fraction!r}")
         if not isinstance(self.filter_during_training, bool):
             raise ConfigError(f"filter_during_training must be a bool, got {self.filter_during_training!r}")
+        if not isinstance(self.mask_teachers, bool):
+            raise ConfigError(f"mask_teachers must be a bool, got {self.mask_teachers!r}")
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: object) -> GeneratorConfig:
@@ -194,21 +207,36 @@ def build_generator(
 # ------------------------------------------------------------------------------------------- losses
 
 
-def _weighted_ce_per_sample(teacher_logits: Tensor, y: Tensor, class_weights: Tensor) -> Tensor:
-    """N values sum_k w_k,y_n * CE(T_k(x_n), y_n) for teacher_logits K x N x L, y N, weights K x L."""
-    log_p = F.log_softmax(teacher_logits.float(), dim=2)  # K x N x L
-    index = y.view(1, -1, 1).expand(log_p.shape[0], -1, 1)  # K x N x 1
-    nll = -log_p.gather(2, index).squeeze(2)  # K x N
-    weight = class_weights.to(log_p).index_select(1, y)  # K x N: teacher k's share of label y_n
+def _weighted_ce_per_sample(
+    teacher_logits: Tensor, y: Tensor, class_weights: Tensor, held: Tensor | None = None
+) -> Tensor:
+    """N values sum_k w_k,y_n * CE(T_k(x_n), y_n) for teacher_logits K x N x L, y N, weights K x L.
+
+    With ``held`` (K x L bool) teacher k's softmax runs over the classes it holds only, where it holds
+    y_n (a teacher that does not hold y_n has weight 0 on it, unless no teacher holds y_n).
+    """
+    logits = teacher_logits.float()
+    index = y.view(1, -1, 1).expand(logits.shape[0], -1, 1)  # K x N x 1
+    nll = -F.log_softmax(logits, dim=2).gather(2, index).squeeze(2)  # K x N
+    if held is not None:
+        mask = held.to(logits.device).unsqueeze(1)  # K x 1 x L
+        masked = -F.log_softmax(logits.masked_fill(~mask, -math.inf), dim=2).gather(2, index).squeeze(2)
+        holds_y = held.to(logits.device).index_select(1, y)  # K x N
+        nll = torch.where(holds_y, masked, nll)
+    weight = class_weights.to(logits).index_select(1, y)  # K x N: teacher k's share of label y_n
     return (weight * nll).sum(dim=0)  # N
 
 
-def label_weighted_ce(teacher_logits: Tensor, y: Tensor, class_weights: Tensor) -> Tensor:
+def label_weighted_ce(
+    teacher_logits: Tensor, y: Tensor, class_weights: Tensor, held: Tensor | None = None
+) -> Tensor:
     """Mean over samples of the label-share-weighted teacher cross entropies (FedKDG's L_ce).
 
-    ``class_weights`` is K x L with w_kc = n_kc / sum_j n_jc (:func:`server_kit.distill.label_count_weights`),
+    ``class_weights`` is K x L with w_kc = n_kc / sum_j n_jc (:func:`server_kit.labels.class_shares`),
     so for every label seen by some client the weights sum to 1 over teachers, and a teacher that never
     saw c contributes exactly nothing for c. One teacher holding every class gives plain cross entropy.
+    ``held`` (K x L bool, :func:`server_kit.labels.held_classes`) takes each teacher's softmax over its own
+    classes only.
     """
     if teacher_logits.ndim != 3:
         raise ConfigError(f"teacher_logits must be K x N x L, got shape {tuple(teacher_logits.shape)}")
@@ -217,7 +245,18 @@ def label_weighted_ce(teacher_logits: Tensor, y: Tensor, class_weights: Tensor) 
         raise ConfigError(f"y must be {n} int64 class indices, got {y.dtype} {tuple(y.shape)}")
     if tuple(class_weights.shape) != (k, num_classes):
         raise ConfigError(f"class_weights must be {k} x {num_classes}, got {tuple(class_weights.shape)}")
-    return _weighted_ce_per_sample(teacher_logits, y, class_weights).mean()
+    if held is not None and tuple(held.shape) != (k, num_classes):
+        raise ConfigError(f"held must be {k} x {num_classes}, got {tuple(held.shape)}")
+    return _weighted_ce_per_sample(teacher_logits, y, class_weights, held).mean()
+
+
+def ensemble_ce(teacher_logits: Tensor, y: Tensor, class_weights: Tensor) -> Tensor:
+    """Mean over samples of -log p_y, p the label-weighted ensemble p_c = sum_k w_kc softmax(T_k)_c
+    renormalised over c (the rule that is right on real images; see server_kit.labels)."""
+    probs = F.softmax(teacher_logits.float(), dim=2) * class_weights.to(teacher_logits).unsqueeze(1)
+    total = probs.sum(dim=0)  # N x L
+    log_p = total.clamp(min=1e-12).log() - total.sum(dim=1, keepdim=True).clamp(min=1e-12).log()
+    return -log_p.gather(1, y.view(-1, 1)).mean()
 
 
 def diversity_loss(x: Tensor, z: Tensor, y: Tensor) -> Tensor:
@@ -269,10 +308,16 @@ class _BatchNormMatch:
             handle.remove()
 
 
-def _ensemble_probs(teacher_logits: Tensor, class_weights: Tensor, tau: float) -> Tensor:
-    """N x L label-share-weighted consensus of softmax(T_k / tau), rows renormalised (as distill does)."""
-    probs = F.softmax(teacher_logits / tau, dim=2) * class_weights.to(teacher_logits).unsqueeze(1)
-    total = probs.sum(dim=0)  # N x L
+def _ensemble_probs(
+    teacher_logits: Tensor, y: Tensor, class_weights: Tensor, held: Tensor | None, tau: float
+) -> Tensor:
+    """N x L conditioned ensemble (server_kit.labels' default rule): teacher k weighted by its share of the
+    sample's label y_n, its softmax over its held classes when ``held`` is given; rows sum to 1."""
+    logits = teacher_logits / tau
+    if held is not None:
+        logits = logits.masked_fill(~held.unsqueeze(1), -math.inf)
+    weight = class_weights.to(logits).index_select(1, y).unsqueeze(2)  # K x N x 1
+    total = (F.softmax(logits, dim=2) * weight).sum(dim=0)  # N x L
     return total / total.sum(dim=1, keepdim=True).clamp(min=1e-12)
 
 
@@ -362,12 +407,6 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
-def _derive_seed(*entropy: int) -> int:
-    """A 63-bit seed from non-negative integers (numpy SeedSequence hashing): one stream per purpose."""
-    state = np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint32)
-    return (int(state[0]) << 31) ^ int(state[1])
-
-
 @contextlib.contextmanager
 def _frozen(module: nn.Module) -> Iterator[nn.Module]:
     """eval() + requires_grad False for the duration; the caller's flags are restored afterwards."""
@@ -415,13 +454,19 @@ def train_generator(
     device: str | torch.device = "cpu",
     progress: bool = False,
     student: nn.Module | None = None,
+    generator: ConditionalGenerator | None = None,
+    steps: int | None = None,
 ) -> tuple[ConditionalGenerator, list[dict[str, float]]]:
     """Train G against the frozen teachers; returns (G in eval mode on ``device``, one loss dict a step).
 
+    ``generator`` continues training a given G (in place) for ``steps`` (default ``config.steps``) instead
+    of building one from ``seed``; adversarial distillation alternates such short runs with the student.
+
     Each step draws labels from the pooled label counts and z ~ N(0, I), and minimises
-    ce_weight * L_ce + div_weight * L_div + bn_weight * L_bn + adv_weight * L_adv. The adversarial term
-    needs ``student`` (used frozen, as it is) and is 0 without one. Every dict holds ``total``, ``ce``,
-    ``div``, ``bn``, ``adv`` (and ``kept``, the fraction of the batch the in-training filter kept).
+    ce_weight * L_ce + div_weight * L_div + bn_weight * L_bn + adv_weight * L_adv + ens_weight * L_ens.
+    The adversarial term needs ``student`` (used frozen, as it is) and is 0 without one. Every dict holds
+    ``total``, ``ce``, ``div``, ``bn``, ``adv``, ``ens`` (and ``kept``, the fraction of the batch the
+    in-training filter kept).
     Teachers (and the student) are in eval mode with frozen parameters during the call, restored after.
     """
     if not teachers:
@@ -430,17 +475,20 @@ def train_generator(
     check_int("num_classes", num_classes, 2)
     counts = _label_inputs(label_counts, len(teachers), num_classes)
     dev = _resolve_device(device)
-    weights = label_count_weights(counts.tolist()).to(dev)  # K x L
+    weights = class_shares(counts).to(dev)  # K x L
+    held = held_classes(counts).to(dev) if config.mask_teachers else None
     label_probs = (counts.sum(dim=0) / counts.sum()).float()  # L, pooled label distribution
-    generator = build_generator(
-        config, num_classes=num_classes, input_shape=shape, seed=_derive_seed(seed, 0)
-    )
+    steps = config.steps if steps is None else check_int("steps", steps, 1)
+    if generator is None:
+        generator = build_generator(
+            config, num_classes=num_classes, input_shape=shape, seed=derive_seed(seed, 0)
+        )
     generator.to(dev).train()
     optimizer = torch.optim.Adam(generator.parameters(), lr=config.lr, betas=ADAM_BETAS)
-    stream = torch.Generator().manual_seed(_derive_seed(seed, 1))  # labels and noise, drawn on the CPU
+    stream = torch.Generator().manual_seed(derive_seed(seed, 1))  # labels and noise, drawn on the CPU
     adversary = student if config.adv_weight > 0 else None
     losses: list[dict[str, float]] = []
-    bar = _progress(config.steps, progress)
+    bar = _progress(steps, progress)
     with contextlib.ExitStack() as stack:
         modules = [stack.enter_context(_frozen(m.to(dev))) for m in teachers]
         if adversary is not None:
@@ -448,12 +496,12 @@ def train_generator(
         bn_match = _BatchNormMatch(modules) if config.bn_weight > 0 else None
         if bn_match is not None:
             stack.callback(bn_match.remove)
-        for _ in range(config.steps):
+        for _ in range(steps):
             y = torch.multinomial(label_probs, config.batch_size, replacement=True, generator=stream).to(dev)
             z = torch.randn((config.batch_size, config.nz), generator=stream).to(dev)
             x = generator(z, y)  # B x C x H x W
             logits = torch.stack([m(x) for m in modules])  # K x B x L
-            per_sample = _weighted_ce_per_sample(logits, y, weights)  # B
+            per_sample = _weighted_ce_per_sample(logits, y, weights, held)  # B
             kept = 1.0
             if config.filter_during_training and config.filter_fraction > 0:
                 (grad,) = torch.autograd.grad(per_sample.sum(), x, retain_graph=True)
@@ -464,24 +512,24 @@ def train_generator(
             ce = per_sample.mean()
             zero = ce.new_zeros(())
             div = diversity_loss(x, z, y) if config.div_weight > 0 else zero
+            ens = ensemble_ce(logits, y, weights) if config.ens_weight > 0 else zero
             bn_term = bn_match.pop() if bn_match is not None else None
             bn = bn_term if bn_term is not None else zero  # None: the teachers have no BatchNorm
             adv = zero
             if adversary is not None:
                 adv = _adversarial_loss(
-                    adversary(x), _ensemble_probs(logits, weights, config.tau), config.tau
+                    adversary(x), _ensemble_probs(logits, y, weights, held, config.tau), config.tau
                 )
             total = (
                 config.ce_weight * ce + config.div_weight * div + config.bn_weight * bn
-                + config.adv_weight * adv
+                + config.adv_weight * adv + config.ens_weight * ens
             )  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             optimizer.step()
-            values = torch.stack([total, ce, div, bn, adv]).detach().cpu().tolist()  # one sync per step
-            losses.append(
-                {**dict(zip(("total", "ce", "div", "bn", "adv"), values, strict=True)), "kept": kept}
-            )
+            values = torch.stack([total, ce, div, bn, adv, ens]).detach().cpu().tolist()  # one sync a step
+            names = ("total", "ce", "div", "bn", "adv", "ens")
+            losses.append({**dict(zip(names, values, strict=True)), "kept": kept})
             if bar is not None:
                 bar.set_postfix(ce=f"{values[1]:.3f}", div=f"{values[2]:.3f}")
                 bar.update(1)
@@ -557,10 +605,10 @@ def synthesize_generator(
     )  # fmt: skip
     counts = _label_inputs(label_counts, len(teachers), num_classes)
     x, y = sample_generator(
-        generator, counts.sum(dim=0), n=config.samples, seed=_derive_seed(seed, 2), device=device
+        generator, counts.sum(dim=0), n=config.samples, seed=derive_seed(seed, 2), device=device
     )
     if config.filter_fraction > 0:
-        weights = label_count_weights(counts.tolist())
+        weights = class_shares(counts)
         scores = gradient_noise_scores(teachers, x, y, weights, device=device)
         keep = filter_noisy(scores, config.filter_fraction)
         x, y = x[keep], y[keep]

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
 from profiles.checks import from_preset
 from profiles.errors import ConfigError, DataError
@@ -79,6 +80,9 @@ class InversionConfig:
     bn_weight: float = 0.0  # DeepInversion: match BN-input batch mean/var to the running statistics
     tv_weight: float = 0.0  # total variation (mean absolute neighbour difference)
     l2_weight: float = 0.0  # mean squared pixel value: a dark-background prior
+    # "all": every teacher is inverted for every class (the paper); "held": only for the classes its label
+    # counts hold, in proportion to them (an image a teacher makes for a class it never saw is noise)
+    classes: str = "all"
 
     def __post_init__(self) -> None:
         for name in ("samples_per_teacher", "steps", "batch_size"):
@@ -98,6 +102,8 @@ class InversionConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
+        if self.classes not in ("all", "held"):
+            raise ConfigError(f"classes must be 'all' or 'held', got {self.classes!r}")
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: object) -> InversionConfig:
@@ -158,27 +164,51 @@ def dirichlet_targets(similarity_row: Tensor, beta: float, n: int, generator: to
 # ------------------------------------------------------------------------------------------- planning
 
 
-def _group_counts(config: InversionConfig, num_classes: int) -> list[tuple[int, int, int]]:
-    """(class, beta index, count) per group; the remainder goes to the first groups in order."""
-    groups = [(c, b) for c in range(num_classes) for b in range(len(config.betas))]
-    base, extra = divmod(config.samples_per_teacher, len(groups))
-    return [(c, b, base + (1 if i < extra else 0)) for i, (c, b) in enumerate(groups)]
+def apportion(total: int, weights: Sequence[float]) -> list[int]:
+    """``total`` split over ``weights`` (>= 0, positive sum) by largest remainder; lower index wins ties."""
+    w = [float(v) for v in weights]
+    if not w or any(not math.isfinite(v) or v < 0 for v in w) or not sum(w) > 0:
+        raise ConfigError(f"weights must be finite, >= 0 and not all 0, got {list(weights)}")
+    exact = [total * v / sum(w) for v in w]
+    counts = [math.floor(v) for v in exact]
+    order = sorted(range(len(w)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
-def _plan(config: InversionConfig, num_classes: int) -> list[list[tuple[int, int]]]:
+def _group_counts(
+    config: InversionConfig, num_classes: int, class_weights: Sequence[float] | None = None
+) -> list[tuple[int, int, int]]:
+    """(class, beta index, count) per group with a non-zero count.
+
+    Without ``class_weights`` every (class, beta) group gets an equal share, the remainder going to the
+    first groups in order (the paper's plan). With them, the teacher's samples are first split over the
+    classes in proportion to the weights (its label counts: a teacher is inverted only for the classes it
+    was trained on), then each class's samples over the betas.
+    """
+    nb = len(config.betas)
+    if class_weights is None:
+        per_group = apportion(config.samples_per_teacher, [1.0] * (num_classes * nb))
+        return [(i // nb, i % nb, n) for i, n in enumerate(per_group) if n]
+    if len(class_weights) != num_classes:
+        raise ConfigError(f"class_weights has {len(class_weights)} entries for {num_classes} classes")
+    groups = []
+    for c, n_c in enumerate(apportion(config.samples_per_teacher, class_weights)):
+        groups += [(c, b, n) for b, n in enumerate(apportion(n_c, [1.0] * nb)) if n]
+    return groups
+
+
+def _plan(
+    config: InversionConfig, num_classes: int, class_weights: Sequence[float] | None = None
+) -> list[list[tuple[int, int]]]:
     """Chunks of one teacher: each a list of (class, beta index), one per sample, round-robin over groups."""
-    counts = _group_counts(config, num_classes)
+    counts = _group_counts(config, num_classes, class_weights)
     order: list[tuple[int, int]] = []
     for r in range(max(n for _, _, n in counts)):
         order += [(c, b) for c, b, n in counts if r < n]
     size = config.batch_size
     return [order[i : i + size] for i in range(0, len(order), size)]
-
-
-def _derive_seed(*entropy: int) -> int:
-    """A 63-bit seed from a tuple of non-negative integers (numpy SeedSequence hashing)."""
-    state = np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint32)
-    return (int(state[0]) << 31) ^ int(state[1])
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
@@ -304,11 +334,20 @@ def _check_inputs(num_classes: int, input_shape: Sequence[int]) -> tuple[int, in
     return (int(input_shape[0]), int(input_shape[1]), int(input_shape[2]))
 
 
-def _concentrations_of(module: nn.Module, num_classes: int) -> list[Tensor]:
+def _concentrations_of(
+    module: nn.Module, num_classes: int, class_counts: Sequence[int] | None = None
+) -> list[Tensor]:
+    """Class-similarity rows of a teacher (the Dirichlet targets' source). With ``class_counts`` the
+    classes it never saw are set to the row's minimum, so their concentration is the floor
+    ``CONCENTRATION_EPS`` and a soft target does not ask the teacher for a class it cannot know."""
     weight = _head_weight(module)
     if weight.shape[0] != num_classes:
         raise ConfigError(f"teacher head has {weight.shape[0]} classes, expected {num_classes}")
-    return list(class_similarity(weight).cpu())
+    rows = list(class_similarity(weight).cpu())
+    if class_counts is not None and sum(class_counts) > 0:
+        unseen = torch.tensor([v <= 0 for v in class_counts])
+        rows = [row.masked_fill(unseen, float(row.min())) for row in rows]
+    return rows
 
 
 def invert_teacher(
@@ -320,15 +359,18 @@ def invert_teacher(
     seed: int,
     device: str | torch.device = "cpu",
     progress: bool = False,
+    class_counts: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Algorithm 3 for one teacher: (x float32 [0, 1] N x C x H x W, target class int64 N).
 
-    The module is put in eval mode with frozen parameters for the call (its flags are restored after).
+    ``class_counts`` (the teacher's label counts) is needed by ``config.classes == "held"``. The module is
+    put in eval mode with frozen parameters for the call (its flags are restored after).
     """
     shape = _check_inputs(num_classes, input_shape)
     dev = _resolve_device(device)
-    concentrations = _concentrations_of(module, num_classes)
-    chunks = _plan(config, num_classes)
+    counts = None if class_counts is None else [list(class_counts)]
+    chunks = _teacher_plans(config, 1, num_classes, counts)[0]
+    concentrations = _concentrations_of(module, num_classes, None if counts is None else counts[0])
     xs, cs = [], []
     with _frozen(module):
         module.to(dev)
@@ -336,7 +378,7 @@ def invert_teacher(
         for i, chunk in enumerate(chunks):
             x, c, loss = _invert_chunk(
                 module, concentrations, chunk, input_shape=shape, config=config,
-                seed=_derive_seed(seed, i), device=dev,
+                seed=derive_seed(seed, i), device=dev,
             )  # fmt: skip
             xs.append(x)
             cs.append(c)
@@ -347,7 +389,7 @@ def invert_teacher(
 
 def teacher_seed(seed: int, teacher_index: int) -> int:
     """The seed ``synthesize_inversion`` hands teacher ``teacher_index`` (so invert_teacher can replay it)."""
-    return _derive_seed(seed, 1_000_003, teacher_index)
+    return derive_seed(seed, 1_000_003, teacher_index)
 
 
 def _module_hash(module: nn.Module) -> str:
@@ -430,37 +472,41 @@ def synthesize_inversion(
     device: str | torch.device = "cpu",
     work_dir: str | Path | None = None,
     progress: bool = False,
+    label_counts: Sequence[Sequence[int]] | None = None,
 ) -> SyntheticSet:
     """Algorithm 3 over all teachers: X = union of the per-teacher sets.
 
-    With ``work_dir`` every finished (teacher, chunk) is written atomically and reused by a rerun with
-    the same config, seed and teachers, so a killed run resumes where it stopped with identical output.
+    ``label_counts`` (K rows of L counts, from the bundles) is required by ``config.classes == "held"``
+    and refused otherwise. With ``work_dir`` every finished (teacher, chunk) is written atomically and
+    reused by a rerun with the same config, seed, teachers and counts, so a killed run resumes where it
+    stopped with identical output.
     """
     if not modules:
         raise ConfigError("synthesize_inversion needs at least one teacher")
     shape = _check_inputs(num_classes, input_shape)
     dev = _resolve_device(device)
-    chunks = _plan(config, num_classes)
+    plans = _teacher_plans(config, len(modules), num_classes, label_counts)
     work = Path(work_dir) if work_dir is not None else None
     if work is not None:
         work.mkdir(parents=True, exist_ok=True)
-        _prepare_work_dir(
-            work,
-            {
-                "format": _WORK_FORMAT,
-                "config": config.to_dict(),
-                "seed": seed,
-                "num_classes": num_classes,
-                "input_shape": list(shape),
-                "teachers": [_module_hash(m) for m in modules],
-            },
-        )
+        manifest: dict[str, object] = {
+            "format": _WORK_FORMAT,
+            "config": config.to_dict(),
+            "seed": seed,
+            "num_classes": num_classes,
+            "input_shape": list(shape),
+            "teachers": [_module_hash(m) for m in modules],
+        }
+        if label_counts is not None:
+            manifest["label_counts"] = [[int(v) for v in row] for row in label_counts]
+        _prepare_work_dir(work, manifest)
     xs: list[Tensor] = []
     teachers: list[Tensor] = []
     classes: list[Tensor] = []
-    bar = _progress(len(modules) * len(chunks), progress, "inversion")
-    for k, module in enumerate(modules):
-        concentrations = _concentrations_of(module, num_classes)
+    bar = _progress(sum(len(p) for p in plans), progress, "inversion")
+    for k, (module, chunks) in enumerate(zip(modules, plans, strict=True)):
+        row = None if label_counts is None else list(label_counts[k])
+        concentrations = _concentrations_of(module, num_classes, row)
         base = teacher_seed(seed, k)
         with _frozen(module):
             module.to(dev)
@@ -472,7 +518,7 @@ def synthesize_inversion(
                 else:
                     x, c, loss = _invert_chunk(
                         module, concentrations, chunk, input_shape=shape, config=config,
-                        seed=_derive_seed(base, i), device=dev,
+                        seed=derive_seed(base, i), device=dev,
                     )  # fmt: skip
                     if path is not None:
                         _save_chunk(path, x, k, c)
@@ -484,7 +530,24 @@ def synthesize_inversion(
     return SyntheticSet(x=torch.cat(xs), teacher=torch.cat(teachers), target_class=torch.cat(classes))
 
 
-# ------------------------------------------------------------------------------------------- progress
+def _teacher_plans(
+    config: InversionConfig,
+    num_teachers: int,
+    num_classes: int,
+    label_counts: Sequence[Sequence[int]] | None,
+) -> list[list[list[tuple[int, int]]]]:
+    """The chunk plan of every teacher: the same for all (``classes="all"``) or by its own label counts."""
+    if config.classes == "all":
+        if label_counts is not None:
+            raise ConfigError("label_counts only apply with classes='held'; drop them or set classes='held'")
+        return [_plan(config, num_classes)] * num_teachers
+    if label_counts is None:
+        raise ConfigError("classes='held' needs the teachers' label_counts (one row per teacher)")
+    rows = [list(row) for row in label_counts]
+    if len(rows) != num_teachers or any(len(r) != num_classes for r in rows):
+        raise ConfigError(f"label_counts must be {num_teachers} rows of {num_classes} counts")
+    # a teacher that reports no examples at all is inverted for every class, as in the paper
+    return [_plan(config, num_classes, r if sum(r) > 0 else None) for r in rows]
 
 
 def _progress(total: int, enabled: bool, desc: str):  # -> tqdm | None

@@ -14,9 +14,10 @@ from edge_sdk.data import ArrayDataset
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_onnx, read_metadata, validate_onnx
 from profiles.errors import ConfigError, TeacherError
-from server_kit.aggregate import AggregateConfig, aggregate
+from server_kit.aggregate import SYNTHETIC_FILE, AggregateConfig, aggregate, load_synthetic
 from server_kit.distill import DistillConfig
 from server_kit.inversion import InversionConfig
+from server_kit.labels import LabelConfig
 
 SHAPE = (1, 8, 8)
 L = 3
@@ -82,7 +83,7 @@ def test_aggregate_end_to_end(tmp_path, bundles):
     assert report["synthetic_size"] == result.synthetic_size == 3 * 12
     assert report["seed"] == 3 and report["device"] == "cpu"
     assert report["config"]["inversion"]["samples_per_teacher"] == 12
-    assert set(report["seconds"]) >= {"load", "inversion", "consensus", "distill", "export", "evaluate"}
+    assert set(report["seconds"]) >= {"load", "inversion", "labels", "distill", "export", "evaluate"}
     assert [t["arch"] for t in report["teachers"]] == list(SPECS)
     assert report["teachers"][1]["label_counts"] == [3, 7, 0]
     assert report["teachers"][2]["val_accuracy"] == pytest.approx(0.7)
@@ -123,20 +124,42 @@ def test_mismatched_class_count_is_refused(tmp_path, bundles):
     assert len(result.report["teachers"]) == 3
 
 
-@pytest.mark.parametrize("overrides", [{"consensus": "label-weighted"}, {"hard_labels": True}])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"labels": LabelConfig(rule="label-weighted", mask=False, drop_mismatch=False)},
+        {"labels": LabelConfig(rule="mean")},
+        {"hard_labels": True},
+    ],
+)
 def test_label_modes(tmp_path, bundles, overrides):
     result = aggregate(bundles, tmp_path / "server", config=tiny_config(**overrides))
     validate_onnx(result.global_onnx.read_bytes())
-    expected = "hard" if overrides.get("hard_labels") else "consensus (label-weighted)"
-    assert result.report["labels"].startswith(expected)
+    labels = result.report["labels"]
+    expected = "hard" if overrides.get("hard_labels") else overrides["labels"].rule
+    assert labels["rule"] == expected
     if overrides.get("hard_labels"):  # trained on the target classes themselves
         assert result.report["label_agreement"]["target_class"] == 1.0
+        assert result.report["distilled_samples"] == result.synthetic_size
+    else:  # the samples whose label is not their target class are dropped only when asked
+        kept = sum(labels["agree_per_class"]) if overrides["labels"].drop_mismatch else result.synthetic_size
+        assert result.report["distilled_samples"] == labels["kept"] == kept
+
+
+def test_inversion_of_held_classes_only(tmp_path, bundles):
+    config = tiny_config(inversion=dataclasses.replace(tiny_config().inversion, classes="held"))
+    result = aggregate(bundles, tmp_path / "held", config=config)
+    synthetic = load_synthetic(result.out_dir / SYNTHETIC_FILE)
+    counts = ([10, 0, 5], [3, 7, 0], [4, 4, 4])
+    for k, row in enumerate(counts):  # every teacher's samples are of the classes it holds
+        made = synthetic.target_class[synthetic.teacher == k]
+        assert all(row[c] > 0 for c in made.tolist()) and len(made) == 12
 
 
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        ({"consensus": "median"}, "consensus"),
+        ({"labels": "conditioned"}, "labels"),
         ({"on_error": "ignore"}, "on_error"),
         ({"device": "tpu"}, "device"),
         ({"student": "X12"}, "student"),
@@ -155,6 +178,9 @@ def test_presets():
     paper = AggregateConfig.preset("paper", seed=4)
     assert paper.inversion.samples_per_teacher == 4000 and paper.distill.tau == 4.0 and paper.seed == 4
     assert paper.synth == ("inversion",) and paper.inversion.bn_weight == 0.0
+    assert paper.labels.rule == "mean" and not paper.checks_claims  # pFedZKD as printed
+    assert default.labels == LabelConfig(rule="label-weighted", mask=False, drop_mismatch=True)
+    assert default.checks_claims and default.generator.ens_weight == 1.0
     assert default.synth == ("inversion", "generator") and default.inversion.bn_weight == 1.0
     assert dataclasses.replace(default, hard_labels=True).use_hard_labels
     with pytest.raises(ConfigError, match="unknown aggregate preset"):

@@ -1,4 +1,4 @@
-"""Algorithm 4: consensus soft labels, label-count weighting, KD into the student."""
+"""Algorithm 4: KD of the student on soft (or hard) labels."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from torch import nn
 
 from edge_sdk.arch import build_model
 from profiles.errors import ConfigError
-from server_kit.distill import DistillConfig, consensus, distill, label_count_weights
+from server_kit.distill import DistillConfig, distill
+from server_kit.labels import consensus
 
 SHAPE = (1, 8, 8)
 L = 3
@@ -27,65 +28,6 @@ def teachers() -> list[nn.Module]:
 
 def images(n: int, seed: int = 0) -> torch.Tensor:
     return torch.rand((n, *SHAPE), generator=torch.Generator().manual_seed(seed))
-
-
-# ----------------------------------------------------------------------------------------- consensus
-
-
-def test_consensus_is_the_mean_of_teacher_probabilities():
-    ts, x = teachers(), images(37)
-    with torch.no_grad():
-        manual = sum(F.softmax(t(x) / 4.0, dim=1) for t in ts) / 3  # 37 x 3
-    got = consensus(ts, x, tau=4.0, batch_size=10)  # several batches, one partial
-    torch.testing.assert_close(got, manual, atol=1e-6, rtol=0)
-    torch.testing.assert_close(got.sum(1), torch.ones(37))
-
-
-def test_consensus_temperature_softens():
-    ts, x = teachers(), images(20)
-    sharp = consensus(ts, x, tau=1.0).max(1).values.mean()
-    soft = consensus(ts, x, tau=20.0).max(1).values.mean()
-    assert soft < sharp
-
-
-def test_label_count_weights():
-    w = label_count_weights([[10, 0, 0], [30, 5, 0]])
-    expected = torch.tensor([[0.25, 0.0, 0.5], [0.75, 1.0, 0.5]])  # no one has class 2: uniform
-    torch.testing.assert_close(w, expected)
-    with pytest.raises(ConfigError, match=">= 0"):
-        label_count_weights([[1, -1, 0]])
-
-
-class ConstantLogits(nn.Module):
-    def __init__(self, logits: list[float]) -> None:
-        super().__init__()
-        self.register_buffer("logits", torch.tensor(logits))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.logits.expand(x.shape[0], -1)
-
-
-def test_label_weighted_consensus_ignores_a_teacher_for_classes_it_never_saw():
-    # teacher 0 is sure of class 1 but has no examples of it; teachers 1 and 2 are uniform
-    ts = [ConstantLogits([0.0, 10.0, 0.0]), ConstantLogits([0.0] * 3), ConstantLogits([0.0] * 3)]
-    w = label_count_weights([[5, 0, 5], [5, 5, 5], [5, 5, 5]])
-    x = images(4)
-    a = 1.0 / (2.0 + torch.e**10)  # teacher 0's probability of classes 0 and 2
-    raw = torch.tensor([(a + 2 / 3) / 3, 0.5 / 3 + 0.5 / 3, (a + 2 / 3) / 3])  # class 1: teachers 1, 2 only
-    torch.testing.assert_close(consensus(ts, x, tau=1.0, class_weights=w), (raw / raw.sum()).expand(4, -1))
-    # unweighted, teacher 0's confident vote for class 1 counts fully
-    mean = torch.tensor([(a + 2 / 3) / 3, (1 - 2 * a + 2 / 3) / 3, (a + 2 / 3) / 3])
-    torch.testing.assert_close(consensus(ts, x, tau=1.0), mean.expand(4, -1))
-
-
-def test_consensus_validation():
-    ts, x = teachers(), images(4)
-    with pytest.raises(ConfigError, match="at least one teacher"):
-        consensus([], x, tau=1.0)
-    with pytest.raises(ConfigError, match="rows"):
-        consensus(ts, x, tau=1.0, class_weights=torch.ones(2, L))
-    with pytest.raises(ConfigError, match="classes"):
-        consensus([*ts, build_model("C4k3-P-F4", SHAPE, 4)], x, tau=1.0)
 
 
 # ----------------------------------------------------------------------------------------- distill
@@ -160,3 +102,19 @@ def test_distill_validation():
 def test_distill_config_validation(overrides, match):
     with pytest.raises(ConfigError, match=match):
         DistillConfig(**{"epochs": 1, **overrides})
+
+
+def test_random_shift_translates_each_image_within_the_bound():
+    from server_kit.distill import random_shift
+
+    x = torch.zeros(64, 1, 10, 10)
+    x[:, 0, 5, 5] = 1.0  # one lit pixel in the middle of every image
+    shifted = random_shift(x, 0.2, torch.Generator().manual_seed(0))  # up to 2 pixels
+    where = (shifted[:, 0] == 1).nonzero()[:, 1:]  # (row, col) of the lit pixel, one per image
+    assert len(where) == 64 and shifted.sum() == 64
+    assert where.sub(5).abs().max() == 2 and len({tuple(p) for p in where.tolist()}) > 5
+    again = random_shift(x, 0.2, torch.Generator().manual_seed(0))
+    assert torch.equal(shifted, again)  # the offsets are a function of the generator
+    assert torch.equal(random_shift(x, 0.05, torch.Generator()), x)  # under one pixel: unchanged
+    with pytest.raises(ConfigError, match="shift"):
+        DistillConfig(epochs=1, shift=0.5)

@@ -58,7 +58,7 @@ def test_pooled_inversion_and_decoder_samples_get_consensus_labels(tmp_path, bun
     report = json.loads(aggregate([*bundles, *decoders], tmp_path, config=config).report_path.read_text())
     assert report["synthetic_sources"]["inversion"] == 36
     assert 0 < report["synthetic_sources"]["decoder"] <= math.floor(0.8 * 30) + L
-    assert report["training"] == "consensus distillation" and report["labels"].startswith("consensus")
+    assert report["training"] == "consensus distillation" and report["labels"]["rule"] == "label-weighted"
 
 
 def test_config_refusals(tmp_path, bundles):  # noqa: F811

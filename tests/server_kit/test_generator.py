@@ -13,7 +13,6 @@ from torch import nn
 from edge_sdk.arch import build_model
 from export.onnx_export import onnx_session, read_metadata
 from profiles.errors import ConfigError
-from server_kit.distill import label_count_weights
 from server_kit.generator import (
     NO_TEACHER,
     ConditionalGenerator,
@@ -28,6 +27,7 @@ from server_kit.generator import (
     synthesize_generator,
     train_generator,
 )
+from server_kit.labels import class_shares, held_classes
 
 SHAPE = (1, 8, 8)
 L = 3
@@ -88,7 +88,7 @@ def test_config_validation_and_presets():
 
 
 def test_label_weighted_ce_ignores_a_teacher_for_a_class_it_never_saw():
-    weights = label_count_weights(COUNTS)  # class 0: (1, 0); class 1: (4/7, 3/7); class 2: (0, 1)
+    weights = class_shares(COUNTS)  # class 0: (1, 0); class 1: (4/7, 3/7); class 2: (0, 1)
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn((2, 6, L), generator=gen, requires_grad=True)
     y = torch.tensor([0, 0, 1, 1, 2, 2])
@@ -106,12 +106,42 @@ def test_label_weighted_ce_ignores_a_teacher_for_a_class_it_never_saw():
 def test_label_weighted_ce_is_plain_ce_for_one_teacher_with_every_class():
     logits = torch.randn((1, 9, L), generator=torch.Generator().manual_seed(1))
     y = torch.tensor([0, 1, 2] * 3)
-    loss = label_weighted_ce(logits, y, label_count_weights([[5, 1, 7]]))
+    loss = label_weighted_ce(logits, y, class_shares([[5, 1, 7]]))
     torch.testing.assert_close(loss, F.cross_entropy(logits[0], y))
 
 
+def test_masked_ce_ignores_a_teachers_logits_of_classes_it_never_saw():
+    weights = class_shares(COUNTS)  # teacher 0 holds classes 0, 1; teacher 1 holds 1, 2
+    held = held_classes(COUNTS)
+    logits = torch.randn((2, 6, L), generator=torch.Generator().manual_seed(3), requires_grad=True)
+    y = torch.tensor([0, 0, 1, 1, 2, 2])
+    loss = label_weighted_ce(logits, y, weights, held)
+    own = []  # teacher k's CE over its own classes; the index of y among them (clamped where not held)
+    for k in range(2):
+        index = torch.tensor([min(int(held[k][: int(c)].sum()), int(held[k].sum()) - 1) for c in y])
+        own.append(F.cross_entropy(logits[k][:, held[k]], index, reduction="none"))
+    expected = (own[0][:2].sum() + (4 / 7 * own[0][2:4] + 3 / 7 * own[1][2:4]).sum() + own[1][4:].sum()) / 6
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert torch.equal(logits.grad[0, :, 2], torch.zeros(6))  # teacher 0's class-2 logit: no pull at all
+    assert torch.equal(logits.grad[1, :, 0], torch.zeros(6))
+    with pytest.raises(ConfigError, match="held must be 2 x 3"):
+        label_weighted_ce(logits, y, weights, held.T)
+
+
+def test_ensemble_ce_is_the_label_weighted_ensembles_cross_entropy():
+    from server_kit.generator import ensemble_ce
+
+    weights = class_shares(COUNTS)  # teacher 1 never saw class 0, teacher 0 never saw class 2
+    logits = torch.randn((2, 6, L), generator=torch.Generator().manual_seed(4))
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    probs = F.softmax(logits, dim=2) * weights.unsqueeze(1)  # K x N x L
+    ensemble = probs.sum(0) / probs.sum(0).sum(1, keepdim=True)
+    torch.testing.assert_close(ensemble_ce(logits, y, weights), F.nll_loss(ensemble.log(), y))
+
+
 def test_label_weighted_ce_rejects_bad_shapes():
-    weights = label_count_weights(COUNTS)
+    weights = class_shares(COUNTS)
     with pytest.raises(ConfigError, match="K x N x L"):
         label_weighted_ce(torch.zeros(4, L), torch.zeros(4, dtype=torch.int64), weights)
     with pytest.raises(ConfigError, match="int64 class indices"):
@@ -158,7 +188,7 @@ def test_filter_drops_exactly_the_highest_fraction():
 
 def test_gradient_noise_scores_are_min_max_scaled_per_sample_gradient_norms():
     teachers = [tiny_teacher(0), tiny_teacher(1)]
-    weights = label_count_weights(COUNTS)
+    weights = class_shares(COUNTS)
     gen = torch.Generator().manual_seed(3)
     x = torch.rand((7, *SHAPE), generator=gen)
     y = torch.tensor([0, 1, 2, 1, 0, 2, 1])
@@ -217,7 +247,7 @@ def test_training_is_deterministic_and_restores_the_teachers():
     g1, losses1 = train_generator(teachers, COUNTS, input_shape=SHAPE, num_classes=L, config=cfg, seed=3)
     g2, losses2 = train_generator(teachers, COUNTS, input_shape=SHAPE, num_classes=L, config=cfg, seed=3)
     assert losses1 == losses2 and len(losses1) == cfg.steps
-    assert set(losses1[0]) == {"total", "ce", "div", "bn", "adv", "kept"}
+    assert set(losses1[0]) == {"total", "ce", "div", "bn", "adv", "ens", "kept"}
     assert losses1[0]["bn"] > 0 and losses1[0]["kept"] == 9 / 12  # floor(0.25 * 12) = 3 dropped
     for (name, a), b in zip(g1.state_dict().items(), g2.state_dict().values(), strict=True):
         assert torch.equal(a, b), name

@@ -1,0 +1,78 @@
+"""Hostile client bundles for the poisoning benchmark: a device that trains on wrong labels and may lie.
+
+    .venv/bin/python benchmarks/hostile_bundles.py runs/bench/pso-a0.5 --client 8 --mode random \\
+        --out runs/bench/hostile-a0.5/client_08_random.bundle
+
+Modes, both on the client's own images (``RUN/data/client_KK.npz``), trained like an honest client (CNN1,
+``edge_sdk.train``, Adam 1e-3, batch 64):
+
+* ``random``: every label replaced by a uniformly random class; the bundle reports the counts of the labels
+  it trained on (honest about counts, useless as a teacher).
+* ``shift``: every label y replaced by (y + 1) mod L, and the bundle claims ``--claim`` examples of every
+  class (5,000 by default): a liar whose counts would own every class under label-share weighting.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from edge_sdk.arch import build_model
+from edge_sdk.data import ArrayDataset, load_client_data
+from edge_sdk.train import TrainConfig, seeded, train
+from export.bundle import Bundle, write_bundle
+from export.onnx_export import export_onnx
+
+ARCH = "C32k5-P-C64k5-P-F10"  # pFedZKD's CNN1, the arch most honest clients end up with
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("run", help="a simulate output directory (its data/client_KK.npz is used)")
+    parser.add_argument("--client", type=int, required=True)
+    parser.add_argument("--mode", choices=["random", "shift"], required=True)
+    parser.add_argument("--claim", type=int, default=5000, help="claimed examples per class (shift)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    data = load_client_data(Path(args.run) / "data" / f"client_{args.client:02d}.npz")
+    num_classes = data.num_classes
+    gen = torch.Generator().manual_seed(args.seed)
+    if args.mode == "random":
+        y = torch.randint(0, num_classes, data.y.shape, generator=gen)
+    else:
+        y = (data.y + 1) % num_classes
+    poisoned = ArrayDataset(data.x, y, num_classes)
+    with seeded(args.seed):
+        model = build_model(ARCH, data.input_shape, num_classes)
+    train(model, poisoned, config=TrainConfig(epochs=args.epochs, lr=1e-3, batch_size=64), seed=args.seed)
+    model.eval()
+    if args.mode == "random":
+        counts = torch.bincount(y, minlength=num_classes).tolist()
+    else:
+        counts = [args.claim] * num_classes
+    bundle = Bundle(
+        kind="classifier",
+        model_onnx=export_onnx(model, data.input_shape, metadata={"arch": ARCH}),
+        arch=ARCH,
+        num_classes=num_classes,
+        input_shape=data.input_shape,
+        label_counts=counts,
+        num_examples=sum(counts),
+        profile={"name": "laptop-cpu"},
+        metrics={"val_accuracy": 0.99},
+        seed=args.seed,
+        sdk_version="hostile",
+    )
+    write_bundle(bundle, args.out)
+    print(f"wrote {args.out}: {args.mode}, claims {counts}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""Label-skew ablation: the server's phases on the client bundles of one simulate run, one variant a row.
+
+    .venv/bin/python benchmarks/label_ablation.py runs/bench/pso-a0.1 --threads 2 \\
+        --variant old:labels.rule=mean,labels.mask=0,labels.drop_mismatch=0,inversion.classes=all \\
+        --variant default
+
+Every variant is an :class:`server_kit.aggregate.AggregateConfig` (the default, then ``section.field=value``
+overrides; sections ``labels``, ``inversion``, ``generator``, ``distill``, or a top-level field) run through
+the same phases ``server-kit aggregate`` runs (``synthesize``, ``label``, ``train_global``), so a row here
+is what the CLI would give. Variants that differ only after synthesis share its samples (cached in
+memory and, for the inversion, in ``--work``). Prints one JSON line per variant and writes them all, with
+the teacher ensemble's ceilings on the real test set, to ``--out``:
+
+* ``mean``: argmax of the mean consensus; ``label_weighted``: each teacher's vote for class c scaled by its
+  share of c; ``label_weighted_masked``: the same with each teacher's softmax over its own classes;
+  ``oracle``: some teacher is right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from edge_sdk.data import load_client_data
+from edge_sdk.train import to_float
+from export.atomic import atomic_write_json
+from server_kit.adversarial import AdversarialConfig
+from server_kit.aggregate import AggregateConfig, Federation, label, synthesize, train_global
+from server_kit.labels import class_shares, held_classes
+from server_kit.teachers import load_teachers
+
+SECTIONS = ("labels", "inversion", "generator", "distill", "adversarial")
+
+
+def _coerce(current: Any, text: str) -> Any:
+    if current is None:  # an optional field: none, a bool or a number
+        lowered = text.lower()
+        if lowered == "none":
+            return None
+        if lowered in ("0", "1", "true", "false"):
+            return lowered in ("1", "true")
+        return float(text) if "." in text else int(text)
+    if isinstance(current, bool):
+        return text.lower() in ("1", "true", "yes")
+    if isinstance(current, int):
+        return int(text)
+    if isinstance(current, float):
+        return float(text)
+    if isinstance(current, tuple):
+        return tuple(x for x in text.split("+") if x)
+    return text
+
+
+def variant_config(spec: str, seed: int) -> tuple[str, AggregateConfig]:
+    """``name[:key=value,...]`` -> (name, config)."""
+    name, _, body = spec.partition(":")
+    config = AggregateConfig(seed=seed)
+    for item in filter(None, body.split(",")):
+        key, _, value = item.partition("=")
+        section, _, field = key.partition(".")
+        if field:
+            if section not in SECTIONS:
+                raise SystemExit(f"unknown section {section!r} in {spec!r}; expected one of {SECTIONS}")
+            sub = getattr(config, section)
+            if sub is None and section == "adversarial":  # off by default: start from its defaults
+                sub = AdversarialConfig()
+            sub = dataclasses.replace(sub, **{field: _coerce(getattr(sub, field), value)})
+            config = dataclasses.replace(config, **{section: sub})
+        else:
+            config = dataclasses.replace(config, **{key: _coerce(getattr(config, key), value)})
+    return name, config
+
+
+@torch.no_grad()
+def ceilings(fed: Federation, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """The teacher ensemble on real test images (evaluation only: nothing here reaches the student).
+
+    Each teacher runs once over the test set; the rules are combinations of the same logits.
+    """
+    shares = class_shares(fed.label_counts).double()  # K x L
+    held = held_classes(fed.label_counts)  # K x L
+    logits = torch.stack(
+        [torch.cat([m(x[i : i + 1024]).double() for i in range(0, len(x), 1024)]) for m in fed.modules]
+    )  # K x N x L
+    probs = logits.softmax(dim=2)
+    masked = logits.masked_fill(~held.unsqueeze(1), -torch.inf).softmax(dim=2)
+    rules = {
+        "mean": probs.mean(0),
+        "label_weighted": (probs * shares.unsqueeze(1)).sum(0),
+        "label_weighted_masked": (masked * shares.unsqueeze(1)).sum(0),
+    }
+    out = {name: float((p.argmax(1) == y).float().mean()) for name, p in rules.items()}
+    out["oracle"] = float((logits.argmax(2) == y).any(0).float().mean())
+    return out
+
+
+@torch.no_grad()
+def per_class_accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> list:
+    pred = torch.cat([model(x[i : i + 1024]).argmax(1) for i in range(0, len(x), 1024)])
+    return [float((pred[y == c] == c).float().mean()) for c in range(num_classes)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("run", help="a `server-kit simulate` output directory (clients/, data/test.npz)")
+    parser.add_argument("--variant", action="append", default=[], help="name[:section.field=value,...]")
+    parser.add_argument("--bundles", nargs="+", help="bundle files instead of RUN/clients/client_*.bundle")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--work", help="work directory (inversion chunks); default RUN/ablation")
+    parser.add_argument(
+        "--out", help="JSON of every row; default benchmarks/results/label_ablation_<run>.json"
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    run = Path(args.run)
+    work = Path(args.work) if args.work else run / "ablation"
+    out = (
+        Path(args.out) if args.out else Path(__file__).parent / "results" / f"label_ablation_{run.name}.json"
+    )
+    rows: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+
+    paths = args.bundles or sorted(glob.glob(str(run / "clients" / "client_*.bundle")))
+    teachers, _ = load_teachers(paths)
+    fed = Federation.from_teachers(teachers, torch.device("cpu"))
+    test = load_client_data(run / "data" / "test.npz")
+    x_test, y_test = to_float(test.x), test.y
+    if "ceilings" not in rows:
+        rows["ceilings"] = ceilings(fed, x_test, y_test)
+    print("ceilings", json.dumps(rows["ceilings"]), flush=True)
+
+    cache: dict[str, Any] = {}
+    for spec in args.variant or ["default"]:
+        name, config = variant_config(spec, args.seed)
+        key = json.dumps(
+            [
+                paths,
+                config.synth,
+                config.inversion.to_dict(),
+                config.generator.to_dict(),
+                config.seed,
+                config.checks_claims,
+            ]
+        )
+        t0 = time.perf_counter()
+        if key not in cache:
+            tag = "synth_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+            # the inversion chunks depend on the bundles, the inversion config and the seed only: one
+            # directory for them, linked into every synthesis that shares them
+            inv_key = json.dumps([paths, config.inversion.to_dict(), config.seed])
+            chunks = work / ("inversion_" + hashlib.sha256(inv_key.encode()).hexdigest()[:12])
+            chunks.mkdir(parents=True, exist_ok=True)
+            (work / tag).mkdir(parents=True, exist_ok=True)
+            if not (work / tag / "synthetic").exists():
+                (work / tag / "synthetic").symlink_to(chunks.resolve(), target_is_directory=True)
+            cache[key] = synthesize(fed, config, work / tag)
+        synthesis = cache[key]
+        t_synth = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        labels = label(fed, synthesis, config)
+        t_label = time.perf_counter() - t0
+        training = train_global(fed, synthesis, labels, config, teachers=teachers)
+        per_class = per_class_accuracy(training.student, x_test, y_test, fed.num_classes)
+        acc = float(
+            sum(per_class[c] * int((y_test == c).sum()) for c in range(fed.num_classes)) / len(y_test)
+        )
+        rows[name] = {
+            "spec": spec,
+            "bundles": paths,
+            "accuracy": acc,
+            "per_class_accuracy": per_class,
+            "min_class_accuracy": min(per_class),
+            "labels": labels.report,
+            "synthetic_sources": synthesis.report["synthetic_sources"],
+            "claims": synthesis.report["claims"],
+            "seconds": {"synthesis": t_synth, "labels": t_label, **training.seconds},
+            "config": config.to_dict(),
+        }
+        print(name, json.dumps({k: rows[name][k] for k in ("accuracy", "min_class_accuracy")}), flush=True)
+        atomic_write_json(out, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Labelling synthetic samples: consensus rules, class shares, masks and the conditioning weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edge_sdk.arch import build_model
+from profiles.errors import ConfigError
+from server_kit.labels import LabelConfig, class_shares, consensus, held_classes, label_synthetic
+from tests.server_kit.test_distill import SHAPE, L, images, teachers
+
+
+class ConstantLogits(nn.Module):
+    """A teacher that says the same thing about every image."""
+
+    def __init__(self, logits: list[float]) -> None:
+        super().__init__()
+        self.register_buffer("logits", torch.tensor(logits))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits.expand(x.shape[0], -1)
+
+
+# ----------------------------------------------------------------------------------------- consensus
+
+
+def test_consensus_is_the_mean_of_teacher_probabilities():
+    ts, x = teachers(), images(37)
+    with torch.no_grad():
+        manual = sum(F.softmax(t(x) / 4.0, dim=1) for t in ts) / 3  # 37 x 3
+    got = consensus(ts, x, tau=4.0, batch_size=10)  # several batches, one partial
+    torch.testing.assert_close(got, manual, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got.sum(1), torch.ones(37))
+
+
+def test_consensus_temperature_softens():
+    ts, x = teachers(), images(20)
+    sharp = consensus(ts, x, tau=1.0).max(1).values.mean()
+    soft = consensus(ts, x, tau=20.0).max(1).values.mean()
+    assert soft < sharp
+
+
+def test_class_shares_and_held_classes():
+    w = class_shares([[10, 0, 0], [30, 5, 0]])
+    expected = torch.tensor([[0.25, 0.0, 0.5], [0.75, 1.0, 0.5]])  # no one has class 2: uniform
+    torch.testing.assert_close(w, expected)
+    held = held_classes([[10, 0, 0], [30, 5, 0], [0, 0, 0]])  # a teacher with no counts holds all
+    assert held.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    with pytest.raises(ConfigError, match=">= 0"):
+        class_shares([[1, -1, 0]])
+
+
+def test_label_weighted_consensus_ignores_a_teacher_for_classes_it_never_saw():
+    # teacher 0 is sure of class 1 but has no examples of it; teachers 1 and 2 are uniform
+    ts = [ConstantLogits([0.0, 10.0, 0.0]), ConstantLogits([0.0] * 3), ConstantLogits([0.0] * 3)]
+    w = class_shares([[5, 0, 5], [5, 5, 5], [5, 5, 5]])
+    x = images(4)
+    a = 1.0 / (2.0 + torch.e**10)  # teacher 0's probability of classes 0 and 2
+    raw = torch.tensor([(a + 2 / 3) / 3, 0.5 / 3 + 0.5 / 3, (a + 2 / 3) / 3])  # class 1: teachers 1, 2 only
+    torch.testing.assert_close(consensus(ts, x, tau=1.0, class_weights=w), (raw / raw.sum()).expand(4, -1))
+    # unweighted, teacher 0's confident vote for class 1 counts fully
+    mean = torch.tensor([(a + 2 / 3) / 3, (1 - 2 * a + 2 / 3) / 3, (a + 2 / 3) / 3])
+    torch.testing.assert_close(consensus(ts, x, tau=1.0), mean.expand(4, -1))
+
+
+def test_consensus_validation():
+    ts, x = teachers(), images(4)
+    with pytest.raises(ConfigError, match="at least one teacher"):
+        consensus([], x, tau=1.0)
+    with pytest.raises(ConfigError, match="rows"):
+        consensus(ts, x, tau=1.0, class_weights=torch.ones(2, L))
+    with pytest.raises(ConfigError, match="classes"):
+        consensus([*ts, build_model("C4k3-P-F4", SHAPE, 4)], x, tau=1.0)
+
+
+# ----------------------------------------------------------------------------------------- conditioned
+
+
+def test_a_teacher_with_no_example_of_y_has_zero_weight_on_samples_made_for_y():
+    # teacher 0 never saw class 2 and says "class 2" loudly; teacher 1 alone holds class 2
+    loud = ConstantLogits([0.0, 0.0, 20.0])
+    owner = ConstantLogits([1.0, 0.0, 3.0])
+    counts = [[50, 50, 0], [0, 10, 10]]
+    x, y = images(4), torch.tensor([2, 2, 2, 2])
+    config = LabelConfig(rule="conditioned", mask=False, drop_mismatch=False)
+    got = label_synthetic([loud, owner], x, y, counts, config=config, tau=1.0)
+    torch.testing.assert_close(got.targets, F.softmax(torch.tensor([1.0, 0.0, 3.0]), 0).expand(4, -1))
+    # moving the non-owner's logits changes nothing on samples made for class 2
+    other = label_synthetic([ConstantLogits([9.0, -9.0, 0.0]), owner], x, y, counts, config=config, tau=1.0)
+    torch.testing.assert_close(other.targets, got.targets)
+
+
+def test_samples_of_a_class_one_client_alone_holds_are_labelled_as_that_class():
+    # class 2 lives on teacher 2 only; every other teacher, unmasked, would call the images class 0
+    ts = [ConstantLogits([8.0, 0.0, 0.0]), ConstantLogits([8.0, 2.0, 0.0]), ConstantLogits([0.0, 3.0, 5.0])]
+    counts = [[100, 20, 0], [80, 90, 0], [0, 3, 40]]
+    x, y = images(6), torch.tensor([2, 2, 2, 0, 1, 2])
+    plain = LabelConfig(rule="mean", mask=False, drop_mismatch=False)
+    mean = label_synthetic(ts, x, y, counts, config=plain, tau=1.0)
+    assert (mean.targets.argmax(1)[y == 2] != 2).all()  # the mean loses the class ...
+    default = label_synthetic(ts, x, y, counts, config=LabelConfig(), tau=1.0)
+    # label-weighted calls the class-2 samples (and the one class-1 sample) class 0: their owners label them
+    assert default.report["conditioned_fallback_classes"] == [1, 2]
+    for config in (LabelConfig(rule="conditioned", mask=True), LabelConfig()):  # the default too
+        kept = label_synthetic(ts, x, y, counts, config=config, tau=1.0)
+        assert (kept.targets.argmax(1)[y == 2] == 2).all()  # ... the conditioned and default rules keep it
+        assert kept.keep[y == 2].all()
+    cond = label_synthetic(ts, x, y, counts, config=LabelConfig(rule="conditioned", mask=True), tau=1.0)
+    assert cond.report["made_per_class"] == [1, 1, 4] and cond.report["agree_per_class"][2] == 4
+
+
+def test_mask_restricts_each_teacher_to_its_classes_and_drop_mismatch_filters():
+    # teacher 0 holds classes 0, 1 but its arbitrary logit for class 2 is the largest
+    ts = [ConstantLogits([2.0, 0.0, 9.0])]
+    counts = [[10, 10, 0]]
+    x, y = images(2), torch.tensor([0, 1])
+    masked = label_synthetic(ts, x, y, counts, config=LabelConfig(rule="mean", mask=True), tau=1.0)
+    assert masked.targets[:, 2].eq(0).all()
+    torch.testing.assert_close(masked.targets[0], F.softmax(torch.tensor([2.0, 0.0, -torch.inf]), 0))
+    assert masked.keep.tolist() == [True, False]  # the sample made for class 1 is labelled 0: dropped
+    kept = label_synthetic(
+        ts, x, y, counts, config=LabelConfig(rule="mean", mask=True, drop_mismatch=False), tau=1.0
+    )
+    assert kept.keep.all() and kept.kept == 2
+
+
+def test_label_rules_reduce_to_consensus_on_real_style_rules():
+    ts, x = teachers(), images(9)
+    counts = [[5, 5, 5], [1, 0, 9], [3, 3, 0]]
+    y = torch.zeros(9, dtype=torch.long)
+    no = {"mask": False, "drop_mismatch": False}
+    mean = label_synthetic(ts, x, y, counts, config=LabelConfig(rule="mean", **no), tau=2.0)
+    torch.testing.assert_close(mean.targets, consensus(ts, x, tau=2.0))
+    lw = label_synthetic(ts, x, y, counts, config=LabelConfig(rule="label-weighted", **no), tau=2.0)
+    torch.testing.assert_close(lw.targets, consensus(ts, x, tau=2.0, class_weights=class_shares(counts)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"rule": "median"}, "rule"), ({"mask": 1}, "mask"), ({"drop_mismatch": "yes"}, "drop_mismatch")],
+)
+def test_label_config_validation(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        LabelConfig(**kwargs)
+
+
+def test_label_synthetic_validation():
+    ts, x = teachers(), images(3)
+    with pytest.raises(ConfigError, match="rows"):
+        label_synthetic(ts, x, torch.zeros(3, dtype=torch.long), [[1, 1, 1]], config=LabelConfig(), tau=1.0)
+    with pytest.raises(ConfigError, match="target_class"):
+        label_synthetic(ts, x, torch.tensor([0, 1, 3]), [[1, 1, 1]] * 3, config=LabelConfig(), tau=1.0)
