@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from edge_sdk.train import kd_loss
+from profiles.checks import is_number
 from profiles.errors import ConfigError
 
 __all__ = ["DistillConfig", "distill", "random_shift"]
@@ -53,11 +54,7 @@ class DistillConfig:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if not isinstance(self.hard_labels, bool):
             raise ConfigError(f"hard_labels must be a bool, got {self.hard_labels!r}")
-        if (
-            not isinstance(self.shift, int | float)
-            or isinstance(self.shift, bool)
-            or not 0 <= self.shift < 0.5
-        ):
+        if not is_number(self.shift) or not 0 <= self.shift < 0.5:
             raise ConfigError(f"shift must be a fraction in [0, 0.5), got {self.shift!r}")
 
     def to_dict(self) -> dict[str, object]:

@@ -311,8 +311,8 @@ class _BatchNormMatch:
 def _ensemble_probs(
     teacher_logits: Tensor, y: Tensor, class_weights: Tensor, held: Tensor | None, tau: float
 ) -> Tensor:
-    """N x L conditioned ensemble (server_kit.labels' default rule): teacher k weighted by its share of the
-    sample's label y_n, its softmax over its held classes when ``held`` is given; rows sum to 1."""
+    """N x L conditioned ensemble (server_kit.labels' "conditioned" rule): teacher k weighted by its share
+    of the sample's label y_n, its softmax over its held classes when ``held`` is given; rows sum to 1."""
     logits = teacher_logits / tau
     if held is not None:
         logits = logits.masked_fill(~held.unsqueeze(1), -math.inf)
