@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from edge_sdk.cli import (
     add_cvae_knobs,
@@ -19,6 +20,8 @@ from edge_sdk.cli import (
 )
 
 __all__ = ["main"]
+
+T = TypeVar("T")
 
 INVERSION_KNOBS = {
     "samples_per_teacher": "samples_per_teacher",
@@ -39,6 +42,7 @@ GENERATOR_KNOBS = {
     "generator_filter": "filter_fraction",
     "generator_mask": "mask_teachers",
 }
+LABEL_KNOBS = {"label_rule": "rule", "label_mask": "mask", "drop_mismatch": "drop_mismatch"}
 DISTILL_KNOBS = {
     "distill_epochs": "epochs",
     "distill_lr": "lr",
@@ -158,27 +162,20 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _with_knobs(config: T, args: argparse.Namespace, knobs: dict[str, str]) -> T:
+    """``config`` with every field of ``knobs`` (flag dest -> field) that was given on the command line."""
+    given = {field: getattr(args, dest) for dest, field in knobs.items() if getattr(args, dest) is not None}
+    return dataclasses.replace(config, **given)  # type: ignore[type-var]
+
+
 def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateConfig
     from server_kit.aggregate import AggregateConfig
 
     base = AggregateConfig.preset(args.server_preset)
-    inv = dataclasses.replace(
-        base.inversion,
-        **{f: getattr(args, a) for a, f in INVERSION_KNOBS.items() if getattr(args, a) is not None},
-    )
-    dis = dataclasses.replace(
-        base.distill,
-        **{f: getattr(args, a) for a, f in DISTILL_KNOBS.items() if getattr(args, a) is not None},
-    )
-    gen = dataclasses.replace(
-        base.generator,
-        **{f: getattr(args, a) for a, f in GENERATOR_KNOBS.items() if getattr(args, a) is not None},
-    )
-    label_knobs = {"label_rule": "rule", "label_mask": "mask", "drop_mismatch": "drop_mismatch"}
-    labels = dataclasses.replace(
-        base.labels,
-        **{f: getattr(args, a) for a, f in label_knobs.items() if getattr(args, a) is not None},
-    )
+    inv = _with_knobs(base.inversion, args, INVERSION_KNOBS)
+    dis = _with_knobs(base.distill, args, DISTILL_KNOBS)
+    gen = _with_knobs(base.generator, args, GENERATOR_KNOBS)
+    labels = _with_knobs(base.labels, args, LABEL_KNOBS)
     names = ["student", "synth", "hard_labels", "on_error", "threads", "verify_claims"]
     top = overrides(args, [*names, "decoder_samples", "decoder_keep", "fedavg_init"])
     if args.fusion is not None:

@@ -255,12 +255,11 @@ def label_synthetic(
 
         return weigh
 
-    def vote(rule: str, where: Tensor) -> Tensor:
-        weigh = rule_for(rule, y[where])
-        return _vote(modules, x[where], weigh, tau=tau, held=held, batch_size=batch_size, device=device)
+    def vote(rule: str, xs: Tensor, ys: Tensor) -> Tensor:
+        weigh = rule_for(rule, ys)
+        return _vote(modules, xs, weigh, tau=tau, held=held, batch_size=batch_size, device=device)
 
-    everything = torch.ones(n, dtype=torch.bool)
-    targets = vote(config.rule, everything).float()
+    targets = vote(config.rule, x, y).float()
     hits = targets.argmax(dim=1) == y
     agree = torch.bincount(y[hits], minlength=num_classes)
     made = torch.bincount(y, minlength=num_classes)
@@ -270,7 +269,7 @@ def label_synthetic(
         fallback = [c for c in range(num_classes) if made[c] > 0 and agree[c] < FALLBACK_BELOW * made[c]]
         if fallback:
             where = (y.view(-1, 1) == torch.tensor(fallback).view(1, -1)).any(dim=1)
-            targets[where] = vote("conditioned", where).float()
+            targets[where] = vote("conditioned", x[where], y[where]).float()
             hits = targets.argmax(dim=1) == y
     keep = hits if config.drop_mismatch else torch.ones(n, dtype=torch.bool)
     report = {
