@@ -10,6 +10,10 @@ Modes, both on the client's own images (``RUN/data/client_KK.npz``), trained lik
   it trained on (honest about counts, useless as a teacher).
 * ``shift``: every label y replaced by (y + 1) mod L, and the bundle claims ``--claim`` examples of every
   class (5,000 by default): a liar whose counts would own every class under label-share weighting.
+
+``--kind decoder`` trains the device's default CVAE (``edge_sdk.cvae.CVAEConfig``) on the same wrong labels
+and writes its ``cvae_decoder`` bundle with the same counts, as a hostile client of the ``both`` role
+uploads beside its classifier: its samples of class y show another class (shift) or any class (random).
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from pathlib import Path
 import torch
 
 from edge_sdk.arch import build_model
-from edge_sdk.data import ArrayDataset, load_client_data
+from edge_sdk.client import TrainedCVAE, bundle_cvae, train_cvae_final
+from edge_sdk.cvae import CVAEConfig
+from edge_sdk.data import ArrayDataset, load_client_data, split_train_val
 from edge_sdk.train import TrainConfig, seeded, train
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_onnx
+from profiles import load_profile
 
 ARCH = "C32k5-P-C64k5-P-F10"  # pFedZKD's CNN1, the arch most honest clients end up with
 
@@ -35,6 +42,7 @@ def main() -> None:
     parser.add_argument("run", help="a simulate output directory (its data/client_KK.npz is used)")
     parser.add_argument("--client", type=int, required=True)
     parser.add_argument("--mode", choices=["random", "shift"], required=True)
+    parser.add_argument("--kind", choices=["classifier", "decoder"], default="classifier")
     parser.add_argument("--claim", type=int, default=5000, help="claimed examples per class (shift)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -49,14 +57,18 @@ def main() -> None:
     else:
         y = (data.y + 1) % num_classes
     poisoned = ArrayDataset(data.x, y, num_classes)
-    with seeded(args.seed):
-        model = build_model(ARCH, data.input_shape, num_classes)
-    train(model, poisoned, config=TrainConfig(epochs=args.epochs, lr=1e-3, batch_size=64), seed=args.seed)
-    model.eval()
     if args.mode == "random":
         counts = torch.bincount(y, minlength=num_classes).tolist()
     else:
         counts = [args.claim] * num_classes
+    if args.kind == "decoder":
+        write_decoder(poisoned, counts, args.seed, args.out)
+        print(f"wrote {args.out}: {args.mode} decoder, claims {counts}")
+        return
+    with seeded(args.seed):
+        model = build_model(ARCH, data.input_shape, num_classes)
+    train(model, poisoned, config=TrainConfig(epochs=args.epochs, lr=1e-3, batch_size=64), seed=args.seed)
+    model.eval()
     bundle = Bundle(
         kind="classifier",
         model_onnx=export_onnx(model, data.input_shape, metadata={"arch": ARCH}),
@@ -72,6 +84,15 @@ def main() -> None:
     )
     write_bundle(bundle, args.out)
     print(f"wrote {args.out}: {args.mode}, claims {counts}")
+
+
+def write_decoder(poisoned: ArrayDataset, counts: list[int], seed: int, out: str) -> None:
+    """The device's CVAE trained on the poisoned labels, bundled with the claimed counts."""
+    profile = load_profile("laptop-cpu")
+    train_split, val_split = split_train_val(poisoned, val_fraction=0.2, seed=seed)
+    trained = train_cvae_final(train_split, val_split, config=CVAEConfig(), profile=profile, seed=seed)
+    lying = TrainedCVAE(**{**trained.__dict__, "label_counts": tuple(counts), "num_examples": sum(counts)})
+    bundle_cvae(lying, profile, out, seed=seed)
 
 
 if __name__ == "__main__":

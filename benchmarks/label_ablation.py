@@ -33,7 +33,7 @@ from edge_sdk.data import load_client_data
 from edge_sdk.train import to_float
 from export.atomic import atomic_write_json
 from server_kit.adversarial import AdversarialConfig
-from server_kit.aggregate import AggregateConfig, Federation, label, synthesize, train_global
+from server_kit.aggregate import AggregateConfig, Federation, label, split_kinds, synthesize, train_global
 from server_kit.labels import class_shares, held_classes
 from server_kit.teachers import load_teachers
 
@@ -131,8 +131,9 @@ def main() -> None:
     rows: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
 
     paths = args.bundles or sorted(glob.glob(str(run / "clients" / "client_*.bundle")))
-    teachers, _ = load_teachers(paths)
-    fed = Federation.from_teachers(teachers, torch.device("cpu"))
+    classifier_paths, decoders = split_kinds(paths)  # cvae_decoder bundles feed the decoder source
+    teachers, _ = load_teachers(classifier_paths)
+    fed = Federation.from_teachers(teachers, torch.device("cpu"), decoders)
     test = load_client_data(run / "data" / "test.npz")
     x_test, y_test = to_float(test.x), test.y
     if "ceilings" not in rows:
@@ -150,6 +151,8 @@ def main() -> None:
                 config.generator.to_dict(),
                 config.seed,
                 config.checks_claims,
+                config.decoder_samples,
+                config.decoder_keep,
             ]
         )
         t0 = time.perf_counter()
@@ -157,7 +160,7 @@ def main() -> None:
             tag = "synth_" + hashlib.sha256(key.encode()).hexdigest()[:12]
             # the inversion chunks depend on the bundles, the inversion config and the seed only: one
             # directory for them, linked into every synthesis that shares them
-            inv_key = json.dumps([paths, config.inversion.to_dict(), config.seed])
+            inv_key = json.dumps([classifier_paths, config.inversion.to_dict(), config.seed])
             chunks = work / ("inversion_" + hashlib.sha256(inv_key.encode()).hexdigest()[:12])
             chunks.mkdir(parents=True, exist_ok=True)
             (work / tag).mkdir(parents=True, exist_ok=True)
@@ -183,6 +186,7 @@ def main() -> None:
             "labels": labels.report,
             "synthetic_sources": synthesis.report["synthetic_sources"],
             "claims": synthesis.report["claims"],
+            "decoder_claims": (synthesis.report.get("decoders") or {}).get("claims"),
             "seconds": {"synthesis": t_synth, "labels": t_label, **training.seconds},
             "config": config.to_dict(),
         }

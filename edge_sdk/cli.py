@@ -5,16 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NoReturn
 
-from profiles.errors import ToolkitError
+from export.atomic import check_output_dir, check_output_file
+from profiles.errors import ConfigError, ToolkitError
 
 __all__ = ["cli_main", "main"]
 
 
+def one_line(text: object) -> str:
+    """``text`` with every run of whitespace (newlines of onnxruntime or torch messages) as one space."""
+    return " ".join(str(text).split())
+
+
 def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
-    """Parse, dispatch to ``args.func``, and turn toolkit errors into one line + exit code 2.
+    """Parse, dispatch to ``args.func``, and turn toolkit and file-system errors into one line + exit
+    code 2.
 
     Shared by both CLIs. ``--debug`` re-raises so the traceback is shown.
     """
@@ -24,15 +31,49 @@ def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | N
         return 2
     try:
         args.func(args)
-    except (ToolkitError, FileNotFoundError, IsADirectoryError, PermissionError) as err:
+    except (ToolkitError, OSError) as err:  # OSError: a full disk, a path that is a file, a permission
         if args.debug:
             raise
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; rerun the same command to resume where supported", file=sys.stderr)
         return 130
     return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line that points at ``--help``: `server-kit aggregate`'s usage alone is 30+
+    lines, which buried "the following arguments are required: bundles" at the bottom."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def out_dir(text: str) -> str:
+    """argparse ``type`` of an output-directory option: checked at parse time, before any work."""
+    try:
+        check_output_dir(text, what="")
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).strip()) from err
+    return text
+
+
+def out_file(text: str) -> str:
+    """argparse ``type`` of an output-file option: checked at parse time, before any work."""
+    try:
+        check_output_file(text, what="")
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).strip()) from err
+    return text
+
+
+def print_skipped(prog: str, skipped: Iterable[Mapping[str, str]]) -> None:
+    """One stderr line per bundle a run dropped (``--on-error skip``, or a kind the command ignores)."""
+    for row in skipped:
+        reason = one_line(row["reason"])
+        named = reason if reason.startswith(row["file"]) else f"{row['file']}: {reason}"
+        print(f"{prog}: skipped {named}", file=sys.stderr)
 
 
 def add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -292,6 +333,14 @@ def cmd_inspect(args: argparse.Namespace) -> None:
         print(f"wrote {args.extract_onnx}", file=sys.stderr)
 
 
+def cmd_upgrade(args: argparse.Namespace) -> None:
+    from export.bundle import SCHEMA_VERSION, upgrade_bundle
+
+    for path in args.files:
+        done = upgrade_bundle(path)
+        print(f"{path}: {'upgraded to' if done else 'already'} schema {SCHEMA_VERSION}")
+
+
 def cmd_personalize(args: argparse.Namespace) -> None:
     from edge_sdk.personalize import PersonalizeConfig, personalize
     from export.bundle import read_bundle
@@ -343,7 +392,7 @@ def root_parser(prog: str, description: str):  # -> (parser, command)
 
     Shared by `edge-sdk` and `server-kit` so both get ``--version``, ``--debug`` and the same dispatch.
     """
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = _Parser(prog=prog, description=description)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     add_common(parser, top=True)
     sub = parser.add_subparsers(title="commands")
@@ -377,10 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-size", type=int, default=10, help="minimum samples per client")
     p.add_argument("--download", action="store_true", help="download the dataset if missing (needs internet)")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, type=out_dir, help="output directory")
 
     p = command("profile", cmd_profile, "measure this device and write a profile TOML")
-    p.add_argument("--out", help="profile TOML to write")
+    p.add_argument("--out", type=out_file, help="profile TOML to write")
     p.add_argument("--name", default="this-device")
     p.add_argument("--role", default="classifier", choices=["classifier", "cvae"])
     p.add_argument("--seconds", type=float, default=2.0, help="time per micro-benchmark")
@@ -399,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("search", cmd_search, "architecture search under the device budget (writes search JSON)")
     data_args(p)
     p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
-    p.add_argument("--out", required=True, help="search result JSON")
+    p.add_argument("--out", required=True, type=out_file, help="search result JSON")
     add_search_args(p)
 
     p = command(
@@ -410,18 +459,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--out", required=True, help="model .onnx to write")
+    p.add_argument("--out", required=True, type=out_file, help="model .onnx to write")
 
     p = command("export", cmd_export, "wrap a model from `edge-sdk train` into a client bundle")
     p.add_argument("--model", required=True, help="model .onnx written by `edge-sdk train`")
     p.add_argument("--profile", required=True)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="bundle file to write")
+    p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
 
     p = command("run", cmd_run, "search -> train -> export -> bundle in one call (or train a CVAE: --role)")
     data_args(p)
     p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
-    p.add_argument("--out", required=True, help="bundle file to write")
+    p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
     add_search_args(p)
     add_cvae_args(p)
 
@@ -434,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="this device's bundle from `edge-sdk run`")
     p.add_argument("--package", required=True, help="the package `server-kit personalize` wrote for it")
     p.add_argument("--method", default="pkt", choices=["pkt", "kdg", "finetune"])
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, type=out_dir, help="output directory")
     p.add_argument("--epochs", type=int)
     p.add_argument("--lr", type=float, help="SGD learning rate (momentum 0.9)")
     p.add_argument("--batch-size", type=int)
@@ -448,7 +497,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("inspect", cmd_inspect, "print a bundle's manifest (and optionally extract its ONNX)")
     p.add_argument("file")
-    p.add_argument("--extract-onnx", help="write the bundled ONNX model here")
+    p.add_argument("--extract-onnx", type=out_file, help="write the bundled ONNX model here")
+
+    p = command(
+        "upgrade",
+        cmd_upgrade,
+        "rewrite schema-1 bundles you made yourself in place as the current schema (verifies each first)",
+    )
+    p.add_argument("files", nargs="+", help="bundle files")
     return parser
 
 

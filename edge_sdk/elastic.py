@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from export.weights_file import read_weights_file, write_weights_file
+from export.wire import MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_INPUT_ELEMENTS
+from profiles.checks import check_input_shape, check_int
 from profiles.errors import BundleError, SpecError
 
 __all__ = [
@@ -423,10 +425,20 @@ def load_supernet(path: str | Path) -> SuperNet:
     tensors, manifest = read_weights_file(path, kind=SUPERNET_KIND)
     if manifest.get("space") != repr(SPACE):
         raise BundleError(f"{path} was trained for another elastic search space; retrain it with this SDK")
-    shape, classes = manifest.get("input_shape"), manifest.get("num_classes")
-    if not isinstance(shape, list) or len(shape) != 3 or not isinstance(classes, int):
-        raise BundleError(f"{path}: manifest needs input_shape [C, H, W] and num_classes")
-    supernet = SuperNet(tuple(shape), classes)  # type: ignore[arg-type]
+    try:  # bounded before the supernet's weights are allocated from them (bounds: export.wire)
+        shape = check_input_shape(
+            "input_shape",
+            manifest.get("input_shape"),
+            max_channels=MAX_INPUT_CHANNELS,
+            max_elements=MAX_INPUT_ELEMENTS,
+            error=BundleError,
+        )
+        classes = check_int("num_classes", manifest.get("num_classes"), 1, MAX_CLASSES, error=BundleError)
+    except BundleError as err:
+        raise BundleError(
+            f"{path}: manifest {err}; write the supernet again with server-kit supernet"
+        ) from err
+    supernet = SuperNet(shape, classes)
     try:
         supernet.max.load_state_dict(tensors, strict=True)
     except RuntimeError as err:

@@ -22,6 +22,10 @@ Three methods:
   FedMHO's CVAE decoder layout) is first trained against the frozen local model with CE plus a
   mode-seeking diversity term. FedKDG's local noise filter is not applied.
 
+The package comes from the server, so its ONNX is held to :mod:`export.onnx_check`'s contract before
+anything of it is loaded or run: the global model must map ``[batch, *input_shape]`` to ``[batch,
+num_classes]`` of this device's bundle, the generator ``z``, ``y`` one-hot to ``[batch, *input_shape]``.
+
 The result is exported twice: fp32 ONNX with BatchNorm folded, and int8 static QDQ quantized with
 onnxruntime, calibrated on local images. int8 is kept only when its local validation accuracy is within
 ``int8_tolerance`` of fp32; the report says which was kept, with sizes and onnxruntime latencies.
@@ -47,12 +51,13 @@ from edge_sdk.data import ArrayDataset, split_train_val
 from edge_sdk.train import evaluate, kd_loss_logits, seeded, to_float
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle
+from export.onnx_check import check_classifier_onnx, check_decoder_onnx
 from export.onnx_export import INPUT_NAME, export_onnx, onnx_session
 from export.package import Package
 from export.quantize import latency_ms, quantize_int8
 from export.weights import initializer_state_dict
 from profiles.checks import check_int, check_number
-from profiles.errors import ConfigError, DataError
+from profiles.errors import BundleError, ConfigError, DataError
 
 __all__ = [
     "KDG_TERMS",
@@ -179,20 +184,35 @@ def _load_classifier(
 
 
 class _OnnxGenerator:
-    """The server's global generator run with onnxruntime: (z, y one-hot) -> pixels, no gradient needed."""
+    """The server's global generator run with onnxruntime: (z, y one-hot) -> pixels, no gradient needed.
 
-    def __init__(self, model_bytes: bytes, num_classes: int) -> None:
-        self.session = onnx_session(model_bytes, threads=max(1, torch.get_num_threads()))
-        inputs = {i.name: i for i in self.session.get_inputs()}
-        if set(inputs) != {"z", "y"}:
-            raise DataError(f"the package's generator must take inputs z and y, got {sorted(inputs)}")
-        self.nz = int(inputs["z"].shape[1])
+    Checked first (:func:`export.onnx_check.check_decoder_onnx`): z [batch, nz] with the nz it declares,
+    y [batch, num_classes], output [batch, *input_shape], within the per-file budget.
+    """
+
+    def __init__(self, model_bytes: bytes, num_classes: int, input_shape: tuple[int, int, int]) -> None:
+        proto = check_decoder_onnx(
+            model_bytes,
+            latent_dim=None,
+            num_classes=num_classes,
+            output_shape=input_shape,
+            source="the package's generator",
+        )
+        z = next(i for i in proto.graph.input if i.name == "z")
+        self.nz = z.type.tensor_type.shape.dim[1].dim_value
         self.num_classes = num_classes
+        self.session = onnx_session(model_bytes, threads=max(1, torch.get_num_threads()))
 
     def __call__(self, y: Tensor, gen: torch.Generator) -> Tensor:
         z = torch.randn(len(y), self.nz, generator=gen)
         onehot = F.one_hot(y, self.num_classes).float()
-        out = self.session.run(None, {"z": z.numpy(), "y": onehot.numpy()})[0]
+        try:
+            out = self.session.run(None, {"z": z.numpy(), "y": onehot.numpy()})[0]
+        except Exception as err:  # onnxruntime raises its own pybind exception types
+            raise BundleError(
+                f"the package's generator failed on a batch of {len(y)}: {err}; fix: aggregate again with "
+                "server-kit (--synth generator) and use the package it writes"
+            ) from err
         return torch.from_numpy(out)
 
 
@@ -265,7 +285,7 @@ def _fit(
                 f"kdg terms {generated} need the global generator, but the package has none; aggregate "
                 "with --synth generator, or pass --kdg-terms pre,dis"
             )
-        g_global = _OnnxGenerator(package.generator_onnx, package.num_classes)
+        g_global = _OnnxGenerator(package.generator_onnx, package.num_classes, package.input_shape)
     pixels = math.prod(package.input_shape)
     if "disg" in terms:
         t0 = time.perf_counter()
@@ -384,11 +404,20 @@ def personalize(
     if bundle.kind != "classifier":
         raise ConfigError(f"personalization needs a classifier bundle, got kind {bundle.kind!r}")
     shape, classes = tuple(bundle.input_shape), bundle.num_classes
-    if data.input_shape != shape or data.num_classes != classes or package.input_shape != shape:
+    if data.input_shape != shape or data.num_classes != classes:
         raise DataError(
-            f"data is {data.num_classes} classes of {data.input_shape}, the bundle {classes} of {shape}, the "
-            f"package {package.num_classes} of {package.input_shape}; pass this client's own data file"
+            f"data is {data.num_classes} classes of {data.input_shape}, the bundle {classes} of {shape}; "
+            "pass this client's own data file"
         )
+    if package.input_shape != shape or package.num_classes != classes:
+        raise BundleError(
+            f"the package is for {package.num_classes} classes of {package.input_shape} (knowledge "
+            f"{package.knowledge.shape[1]} columns), this device's model for {classes} of {shape}; fix: use "
+            "the package server-kit personalize wrote for this client's bundle"
+        )
+    check_classifier_onnx(
+        package.global_onnx, input_shape=shape, num_classes=classes, source="the package's global model"
+    )
     seed = int(bundle.seed) if config.seed is None else config.seed
     out = Path(out_dir)
     train_split, val_split = split_train_val(data, val_fraction=config.val_fraction, seed=seed)

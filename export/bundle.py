@@ -3,8 +3,14 @@
 A bundle carries the BN-preserving ONNX model, the facts the server needs to use it without the
 client's data (architecture string, input shape, per-class label counts of the local training split)
 and provenance (device profile summary, metrics, seed, SDK version). The server trusts nothing it reads:
-every field is type- and range-checked, the ONNX bytes must match their recorded sha256, and msgpack
-is decoded with size limits so a hostile file cannot ask for gigabytes before being refused.
+every field is type- and range-checked (bounds in :mod:`export.wire`), the recorded ``sha256`` must match
+the whole map (:func:`export.wire.canonical_sha256`: every field but ``sha256``, so a flipped byte in the
+metrics or the label counts is caught like one in the model), and msgpack is decoded with size limits so
+a hostile file cannot ask for gigabytes before being refused.
+
+Schema 1 hashed only the ONNX bytes; it is refused. :func:`upgrade_bundle` rewrites a schema-1 bundle
+you made yourself (``edge-sdk upgrade``): it vouches for the manifest as it is now, so it is no tool for
+bundles from devices.
 
 Rules (checked on construction and on read): ``kind`` is one of :data:`KINDS`; ``label_counts`` has one
 non-negative count per class and sums to exactly ``num_examples`` (both describe the same local
@@ -24,11 +30,20 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import msgpack
-
 from export.atomic import atomic_write_bytes
-from export.wire import unpack_map
-from profiles.errors import BundleError
+from export.wire import (
+    MAX_CLASSES,
+    MAX_DECODER_CLASSES,
+    MAX_EXAMPLES,
+    MAX_INPUT_CHANNELS,
+    MAX_INPUT_ELEMENTS,
+    MAX_LATENT_DIM,
+    canonical_bytes,
+    canonical_sha256,
+    unpack_map,
+)
+from profiles.checks import check_input_shape, check_int, check_ints, check_str, is_int
+from profiles.errors import BundleError, ConfigError
 
 __all__ = [
     "KINDS",
@@ -39,18 +54,18 @@ __all__ = [
     "Bundle",
     "bundle_from_bytes",
     "bundle_to_bytes",
+    "client_names",
     "read_bundle",
+    "upgrade_bundle",
     "write_bundle",
 ]
 
-SCHEMA_VERSION: int = 1
+SCHEMA_VERSION: int = 2  # 2: sha256 covers the whole map (1: the ONNX bytes only)
 KINDS = ("classifier", "cvae_decoder")
 
 MAX_MODEL_BYTES = 1 << 30  # 1 GiB of ONNX
-MAX_CLASSES = 100_000
 MAX_STRING_BYTES = 10_000  # any str in the bundle, keys included
 MAX_MAP_ENTRIES = 1_000  # profile / metrics entries
-MAX_LATENT_DIM = 100_000
 MAX_SEED = 2**64 - 1
 # The whole file: the model, the label counts (<= 9 bytes each) and the small maps.
 _MAX_FILE_BYTES = MAX_MODEL_BYTES + 9 * MAX_CLASSES + (1 << 24)
@@ -100,104 +115,116 @@ class Bundle:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        if _int(self.schema_version) != SCHEMA_VERSION:
+        if not is_int(self.schema_version) or self.schema_version != SCHEMA_VERSION:
             raise BundleError(_schema_message(self.schema_version))
         if not isinstance(self.kind, str) or self.kind not in KINDS:
             raise BundleError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if not isinstance(self.model_onnx, bytes | bytearray | memoryview):
             raise BundleError(f"model_onnx must be bytes, got {type(self.model_onnx).__name__}")
-        object.__setattr__(self, "model_onnx", bytes(self.model_onnx))
+        self._set("model_onnx", bytes(self.model_onnx))
         if not 0 < len(self.model_onnx) <= MAX_MODEL_BYTES:
             raise BundleError(f"model_onnx must hold 1 B to 1 GiB, got {len(self.model_onnx)} bytes")
-        _check_str("arch", self.arch)
-        _check_str("sdk_version", self.sdk_version)
-        _check_int("num_classes", self.num_classes, 1, MAX_CLASSES)
-        object.__setattr__(self, "input_shape", _int_tuple("input_shape", self.input_shape))
-        if len(self.input_shape) != 3 or any(v < 1 for v in self.input_shape):
-            raise BundleError(f"input_shape must be three positive ints (C, H, W), got {self.input_shape}")
-        object.__setattr__(self, "label_counts", _int_tuple("label_counts", self.label_counts))
+        check_str("arch", self.arch, max_bytes=MAX_STRING_BYTES, error=BundleError)
+        check_str("sdk_version", self.sdk_version, max_bytes=MAX_STRING_BYTES, error=BundleError)
+        decoder = self.kind == "cvae_decoder"
+        # a decoder's one-hot conditioning costs the server an L x L matrix: a tighter cap (export.wire)
+        max_classes = MAX_DECODER_CLASSES if decoder else MAX_CLASSES
+        label = "num_classes of a cvae_decoder" if decoder else "num_classes"
+        self._set("num_classes", check_int(label, self.num_classes, 1, max_classes, error=BundleError))
+        shape = check_input_shape(
+            "input_shape",
+            self.input_shape,
+            max_channels=MAX_INPUT_CHANNELS,
+            max_elements=MAX_INPUT_ELEMENTS,
+            error=BundleError,
+        )
+        self._set("input_shape", shape)
+        counts = check_ints(
+            "label_counts", self.label_counts, 0, MAX_EXAMPLES, max_length=max_classes, error=BundleError
+        )
+        self._set("label_counts", counts)
         if len(self.label_counts) != self.num_classes:
             raise BundleError(
                 f"label_counts must have one entry per class (num_classes={self.num_classes}), got "
                 f"{len(self.label_counts)}; fix: count labels over range(num_classes) of the training split"
             )
-        if any(v < 0 for v in self.label_counts):
-            raise BundleError(f"label_counts must be >= 0, got {min(self.label_counts)}")
-        _check_int("num_examples", self.num_examples, 1, None)
+        self._set(
+            "num_examples", check_int("num_examples", self.num_examples, 1, MAX_EXAMPLES, error=BundleError)
+        )
         if sum(self.label_counts) != self.num_examples:
             raise BundleError(
                 f"sum(label_counts) must equal num_examples (the same training split), got "
                 f"{sum(self.label_counts)} != {self.num_examples}"
             )
-        object.__setattr__(self, "profile", _scalar_map("profile", self.profile))
-        object.__setattr__(self, "metrics", _scalar_map("metrics", self.metrics))
+        self._set("profile", _scalar_map("profile", self.profile))
+        self._set("metrics", _scalar_map("metrics", self.metrics))
         name = self.profile.get("name")
         if not isinstance(name, str) or not name:
             raise BundleError(f"profile must have a non-empty str 'name', got {name!r}")
-        _check_int("seed", self.seed, 0, MAX_SEED)
-        if self.kind == "cvae_decoder":
+        self._set("seed", check_int("seed", self.seed, 0, MAX_SEED, error=BundleError))
+        if decoder:
             if self.latent_dim is None:
                 raise BundleError(
                     "a cvae_decoder bundle needs latent_dim (the decoder's noise size), got None"
                 )
-            _check_int("latent_dim", self.latent_dim, 1, MAX_LATENT_DIM)
+            self._set(
+                "latent_dim", check_int("latent_dim", self.latent_dim, 1, MAX_LATENT_DIM, error=BundleError)
+            )
         elif self.latent_dim is not None:
             raise BundleError(
                 f"latent_dim is only for cvae_decoder bundles, got {self.latent_dim!r} on a {self.kind}"
             )
 
+    def _set(self, name: str, value: Any) -> None:
+        """Store the validated (normalised) value: the dataclass is frozen."""
+        object.__setattr__(self, name, value)
+
     @cached_property
     def sha256(self) -> str:
-        """Hex sha256 of ``model_onnx`` (computed once; the bundle is immutable)."""
+        """Hex sha256 of the whole bundle but this field (:func:`export.wire.canonical_sha256`): what the
+        file records, so it identifies the upload (model and manifest). Computed once; it is immutable."""
+        return canonical_sha256(_wire_map(self))
+
+    @cached_property
+    def model_sha256(self) -> str:
+        """Hex sha256 of ``model_onnx`` alone: the model's identity, which a package names its client by."""
         return hashlib.sha256(self.model_onnx).hexdigest()
 
     def manifest(self) -> dict[str, Any]:
-        """Everything but the model bytes, JSON-friendly (for ``edge-sdk inspect``), plus its size."""
+        """Everything but the model bytes, JSON-friendly (``edge-sdk inspect``), plus its size and hashes."""
         out = {k: v for k, v in _wire_map(self).items() if k != "model_onnx"}
+        out["sha256"] = self.sha256
         out["model_onnx_size_bytes"] = len(self.model_onnx)
+        out["model_sha256"] = self.model_sha256
         return dict(sorted(out.items()))
 
 
 def bundle_to_bytes(bundle: Bundle) -> bytes:
-    """Deterministic msgpack encoding (sorted keys, bin for bytes, float64)."""
+    """Deterministic msgpack encoding (:func:`export.wire.canonical_bytes`) with the map's sha256."""
     if not isinstance(bundle, Bundle):
         raise BundleError(f"expected a Bundle, got {type(bundle).__name__}")
-    return msgpack.packb(_wire_map(bundle), use_bin_type=True, use_single_float=False)
+    return canonical_bytes({**_wire_map(bundle), "sha256": bundle.sha256})
 
 
 def bundle_from_bytes(data: bytes, *, source: str = "<bytes>") -> Bundle:
-    """Decode and fully validate a bundle; every refusal is a BundleError naming ``source``."""
-    obj = unpack_map(
-        data,
-        source=source,
-        what="bundle",
-        max_bytes=_MAX_FILE_BYTES,
-        max_bin=MAX_MODEL_BYTES,
-        max_str=MAX_STRING_BYTES,
-        max_array=MAX_CLASSES,
-        max_map=MAX_MAP_ENTRIES,
-    )
+    """Decode and fully validate a bundle; every refusal is a BundleError naming ``source``.
+
+    The hash is checked before the fields, so a corrupt file is reported as corrupt, not as whichever
+    field the flip landed in.
+    """
+    obj = _decode(data, source)
     version = obj.get("schema_version")
-    if _int(version) != SCHEMA_VERSION:
+    if not is_int(version) or version != SCHEMA_VERSION:
         raise BundleError(f"{source}: {_schema_message(version)}")
-    keys = set(obj)
-    missing, unknown = sorted(_REQUIRED_KEYS - keys), sorted(keys - _REQUIRED_KEYS - _OPTIONAL_KEYS)
-    if missing or unknown:
-        raise BundleError(
-            f"{source}: bundle keys wrong: missing {missing}, unknown {unknown}; "
-            f"expected {sorted(_REQUIRED_KEYS)} (+ optional {sorted(_OPTIONAL_KEYS)})"
-        )
+    _check_keys(obj, source)
     recorded = obj.pop("sha256")
-    try:
-        bundle = Bundle(**obj)
-    except BundleError as err:
-        raise BundleError(f"{source}: {err}") from err
-    if recorded != bundle.sha256:
+    computed = canonical_sha256(obj)
+    if recorded != computed:
         raise BundleError(
-            f"{source}: model_onnx sha256 mismatch: recorded {str(recorded)[:80]!r}, computed "
-            f"{bundle.sha256}; the file is corrupt, fetch it again"
+            f"{source}: sha256 mismatch: recorded {str(recorded)[:80]!r}, computed {computed} over the "
+            "whole bundle; the file is corrupt or was altered after export, fetch it again"
         )
-    return bundle
+    return _construct(obj, source)
 
 
 def write_bundle(bundle: Bundle, path: str | Path) -> Path:
@@ -208,22 +235,107 @@ def write_bundle(bundle: Bundle, path: str | Path) -> Path:
 def read_bundle(path: str | Path) -> Bundle:
     """Read the whole file once (size-checked first) and decode it with :func:`bundle_from_bytes`."""
     path = Path(path)
+    return bundle_from_bytes(_read(path), source=str(path))
+
+
+def upgrade_bundle(path: str | Path) -> bool:
+    """Rewrite a schema-1 bundle at ``path`` in place (atomically) as the current schema.
+
+    Schema 1's sha256 covered the ONNX bytes only; that hash is verified, then the manifest is validated
+    with today's bounds and hashed as it stands. Returns False (and writes nothing) when the file already
+    is the current schema. Only for bundles you made: an upgrade vouches for a manifest nothing protected.
+    """
+    path = Path(path)
+    data = _read(path)
+    obj = _decode(data, str(path))
+    version = obj.get("schema_version")
+    if is_int(version) and version == SCHEMA_VERSION:
+        bundle_from_bytes(data, source=str(path))  # verified, nothing to do
+        return False
+    if not is_int(version) or version != 1:
+        raise BundleError(
+            f"{path}: only schema-1 bundles can be upgraded, got schema_version {version!r}; "
+            "re-export the bundle with this SDK"
+        )
+    _check_keys(obj, str(path))
+    recorded, model = obj.pop("sha256"), obj.get("model_onnx")
+    if not isinstance(model, bytes) or recorded != hashlib.sha256(model).hexdigest():
+        raise BundleError(f"{path}: schema-1 model_onnx sha256 mismatch; the file is corrupt, re-export it")
+    write_bundle(_construct({**obj, "schema_version": SCHEMA_VERSION}, str(path)), path)
+    return True
+
+
+def client_names(paths: Sequence[str | Path]) -> list[str]:
+    """One output name per bundle path (``<name>.package``, ``<name>.onnx``) that no two bundles share.
+
+    Bundles carry no client id, so the name is the file's stem; stems that repeat (``a/client_00.bundle``
+    and ``b/client_00.bundle``) get their position appended (``client_00-0``, ``client_00-1``). Names are
+    compared case-insensitively (macOS and Windows file systems), and a file given twice is refused, so
+    nothing is ever overwritten by a sibling output. Raises ConfigError before anything is written.
+    """
+    resolved = [Path(p).resolve() for p in paths]
+    twice = sorted({str(p) for p in resolved if resolved.count(p) > 1})
+    if twice:
+        raise ConfigError(f"bundles must be distinct files, got {twice} more than once; pass each once")
+    stems = [Path(p).stem for p in paths]
+    folded = [stem.casefold() for stem in stems]
+    names = [stem if folded.count(stem.casefold()) == 1 else f"{stem}-{i}" for i, stem in enumerate(stems)]
+    clash = sorted({n for n in names if [m.casefold() for m in names].count(n.casefold()) > 1})
+    if clash:
+        raise ConfigError(
+            f"bundle file names give the same output name {clash}; rename the bundles so their stems differ"
+        )
+    return names
+
+
+def _read(path: Path) -> bytes:
     try:
         size = path.stat().st_size
         if size > _MAX_FILE_BYTES:
             raise BundleError(f"{path}: {size} bytes is larger than any valid bundle ({_MAX_FILE_BYTES})")
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as err:
         raise BundleError(f"cannot read bundle {path}: {err}") from err
-    return bundle_from_bytes(data, source=str(path))
+
+
+def _decode(data: bytes, source: str) -> dict[str, Any]:
+    return unpack_map(
+        data,
+        source=source,
+        what="bundle",
+        max_bytes=_MAX_FILE_BYTES,
+        max_bin=MAX_MODEL_BYTES,
+        max_str=MAX_STRING_BYTES,
+        max_array=MAX_CLASSES,
+        max_map=MAX_MAP_ENTRIES,
+    )
+
+
+def _check_keys(obj: dict[str, Any], source: str) -> None:
+    keys = set(obj)
+    missing, unknown = sorted(_REQUIRED_KEYS - keys), sorted(keys - _REQUIRED_KEYS - _OPTIONAL_KEYS)
+    if missing or unknown:
+        raise BundleError(
+            f"{source}: bundle keys wrong: missing {missing}, unknown {unknown}; "
+            f"expected {sorted(_REQUIRED_KEYS)} (+ optional {sorted(_OPTIONAL_KEYS)})"
+        )
+    if "latent_dim" in obj and obj["latent_dim"] is None:  # the writer omits it: nil would hash differently
+        raise BundleError(f"{source}: latent_dim must be omitted when unset, got nil")
+
+
+def _construct(fields: dict[str, Any], source: str) -> Bundle:
+    try:
+        return Bundle(**fields)
+    except BundleError as err:
+        raise BundleError(f"{source}: {err}") from err
 
 
 def _wire_map(bundle: Bundle) -> dict[str, Any]:
+    """Every field as written, but ``sha256`` (which is computed over this map)."""
     out: dict[str, Any] = {
         "schema_version": bundle.schema_version,
         "kind": bundle.kind,
         "model_onnx": bundle.model_onnx,
-        "sha256": bundle.sha256,
         "arch": bundle.arch,
         "num_classes": bundle.num_classes,
         "input_shape": list(bundle.input_shape),
@@ -236,56 +348,24 @@ def _wire_map(bundle: Bundle) -> dict[str, Any]:
     }
     if bundle.latent_dim is not None:
         out["latent_dim"] = bundle.latent_dim
-    return _sorted(out)
-
-
-def _sorted(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _sorted(value[k]) for k in sorted(value)}
-    if isinstance(value, list):
-        return [_sorted(v) for v in value]
-    return value
+    return dict(sorted(out.items()))
 
 
 def _schema_message(version: object) -> str:
-    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+    if is_int(version) and version > SCHEMA_VERSION:  # type: ignore[operator]
         return (
             f"bundle schema {version} is newer than this SDK's {SCHEMA_VERSION}; "
             "upgrade the toolkit (pip install -U oneshot-fl-edge) to read it"
         )
+    if is_int(version) and version == 1:
+        return (
+            f"bundle schema 1 is no longer read (its sha256 covers the model only, not the manifest), "
+            f"this SDK reads schema {SCHEMA_VERSION}; re-export the bundle with this SDK "
+            "(edge-sdk run / export), or upgrade a bundle you made yourself with `edge-sdk upgrade FILE`"
+        )
     return (
         f"bundle schema_version must be {SCHEMA_VERSION}, got {version!r}; re-export the bundle with this SDK"
     )
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _check_int(name: str, value: object, low: int, high: int | None) -> None:
-    ok = _int(value) is not None and low <= value and (high is None or value <= high)  # type: ignore[operator]
-    if not ok:
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise BundleError(f"{name} must be an int in {bound}, got {value!r}")
-
-
-def _check_str(name: str, value: object) -> None:
-    if not isinstance(value, str) or not value or len(value.encode("utf-8")) > MAX_STRING_BYTES:
-        shown = value[:80] + "..." if isinstance(value, str) and len(value) > 80 else value
-        raise BundleError(
-            f"{name} must be a non-empty str of at most {MAX_STRING_BYTES} bytes, got {shown!r}"
-        )
-
-
-def _int_tuple(name: str, value: object) -> tuple[int, ...]:
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise BundleError(f"{name} must be a sequence of ints, got {type(value).__name__}")
-    if len(value) > MAX_CLASSES:
-        raise BundleError(f"{name} must have at most {MAX_CLASSES} entries, got {len(value)}")
-    bad = [v for v in value if _int(v) is None]
-    if bad:
-        raise BundleError(f"{name} must hold ints only, got {bad[0]!r}")
-    return tuple(value)
 
 
 def _scalar_map(name: str, value: object) -> dict[str, Any]:
@@ -295,7 +375,7 @@ def _scalar_map(name: str, value: object) -> dict[str, Any]:
         raise BundleError(f"{name} must have at most {MAX_MAP_ENTRIES} entries, got {len(value)}")
     out: dict[str, Any] = {}
     for key, item in value.items():
-        _check_str(f"{name} key", key)
+        check_str(f"{name} key", key, max_bytes=MAX_STRING_BYTES, error=BundleError)
         if not isinstance(item, _SCALARS):
             raise BundleError(
                 f"{name}[{key!r}] must be str, int, float, bool or None, got {type(item).__name__}; "
@@ -303,7 +383,7 @@ def _scalar_map(name: str, value: object) -> dict[str, Any]:
             )
         if isinstance(item, str) and len(item.encode("utf-8")) > MAX_STRING_BYTES:
             raise BundleError(f"{name}[{key!r}] is longer than {MAX_STRING_BYTES} bytes")
-        if isinstance(item, int) and not isinstance(item, bool) and not -(2**63) <= item <= MAX_SEED:
+        if is_int(item) and not -(2**63) <= item <= MAX_SEED:
             raise BundleError(f"{name}[{key!r}] = {item} does not fit in 64 bits")
         out[key] = _plain(item)
     return dict(sorted(out.items()))

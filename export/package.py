@@ -9,6 +9,12 @@ A package names the client it was made for by the sha256 of that client's upload
 (``client_sha256``): the device compares it with its own model and refuses a package meant for another
 client. ``sha256`` covers every other field (the canonical msgpack of the map without it), so a flipped
 byte anywhere is refused. Same package, same bytes.
+
+The package comes from elsewhere, and it says what its models must be (``num_classes``,
+``input_shape``), so :func:`package_from_bytes` holds both to :mod:`export.onnx_check`'s load-time
+contract before a reader sees them: the global model ``[batch, *input_shape] -> [batch, num_classes]``,
+the generator ``z``, ``y`` one-hot -> ``[batch, *input_shape]``, each within the per-file budget. (A
+Package built in memory is not checked: :func:`edge_sdk.personalize.personalize` checks what it runs.)
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ import msgpack
 import numpy as np
 
 from export.atomic import atomic_write_bytes
-from export.wire import unpack_map
-from profiles.checks import check_int
+from export.onnx_check import check_classifier_onnx, check_decoder_onnx
+from export.wire import MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_INPUT_ELEMENTS, unpack_map
+from profiles.checks import check_input_shape, check_int, check_ints, check_str, is_int
 from profiles.errors import BundleError
 
 __all__ = [
@@ -45,6 +52,7 @@ _MAX_BIN = 2 << 30
 _MAX_STR = 10_000
 _MAX_ENTRIES = 1_000
 _SCALARS = (str, int, float, bool, type(None))
+_MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +78,7 @@ class Package:
     schema_version: int = PACKAGE_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        if self.schema_version != PACKAGE_SCHEMA_VERSION:
+        if not is_int(self.schema_version) or self.schema_version != PACKAGE_SCHEMA_VERSION:
             raise BundleError(
                 f"package schema_version {self.schema_version!r} is not supported (this SDK reads "
                 f"{PACKAGE_SCHEMA_VERSION}); fix: make the package with a matching server-kit"
@@ -78,9 +86,7 @@ class Package:
         if self.kind != PACKAGE_KIND:
             raise BundleError(f"kind must be {PACKAGE_KIND!r}, got {self.kind!r}")
         for name in ("client", "client_sha256", "global_arch"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value or len(value.encode()) > _MAX_STR:
-                raise BundleError(f"{name} must be a non-empty str, got {value!r}")
+            check_str(name, getattr(self, name), max_bytes=_MAX_STR, error=BundleError)
         if len(self.client_sha256) != 64 or any(c not in "0123456789abcdef" for c in self.client_sha256):
             raise BundleError(f"client_sha256 must be 64 lowercase hex digits, got {self.client_sha256!r}")
         if not isinstance(self.global_onnx, bytes) or not self.global_onnx:
@@ -89,11 +95,16 @@ class Package:
             not isinstance(self.generator_onnx, bytes) or not self.generator_onnx
         ):
             raise BundleError("generator_onnx must be None or non-empty bytes")
-        check_int("num_classes", self.num_classes, 2, error=BundleError)
-        check_int("seed", self.seed, 0, error=BundleError)
-        shape = tuple(self.input_shape)
-        if len(shape) != 3 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape):
-            raise BundleError(f"input_shape must be three positive ints (C, H, W), got {self.input_shape!r}")
+        classes = check_int("num_classes", self.num_classes, 2, MAX_CLASSES, error=BundleError)
+        object.__setattr__(self, "num_classes", classes)
+        object.__setattr__(self, "seed", check_int("seed", self.seed, 0, _MAX_SEED, error=BundleError))
+        shape = check_input_shape(
+            "input_shape",
+            self.input_shape,
+            max_channels=MAX_INPUT_CHANNELS,
+            max_elements=MAX_INPUT_ELEMENTS,
+            error=BundleError,
+        )
         object.__setattr__(self, "input_shape", shape)
         x, z = self.inputs, self.knowledge
         if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.shape[1:] != shape or len(x) < 1:
@@ -158,17 +169,16 @@ def package_to_bytes(package: Package) -> bytes:
 def _array(name: str, value: object, dtype: type) -> np.ndarray:
     if not isinstance(value, dict) or set(value) != {"shape", "data"}:
         raise BundleError(f"{name} must be a map with shape and data")
-    shape, data = value["shape"], value["data"]
-    if not isinstance(shape, list) or not all(isinstance(v, int) and v >= 0 for v in shape):
-        raise BundleError(f"{name}.shape must be a list of ints >= 0, got {shape!r}")
-    expected = math.prod(shape) * np.dtype(dtype).itemsize
+    shape = list(check_ints(f"{name}.shape", value["shape"], 0, max_length=4, error=BundleError))
+    data, expected = value["data"], math.prod(shape) * np.dtype(dtype).itemsize
     if not isinstance(data, bytes) or len(data) != expected:
-        raise BundleError(f"{name}.data must hold {expected} bytes for shape {shape}, got {len(data)}")
+        got = f"{len(data)} bytes" if isinstance(data, bytes) else type(data).__name__
+        raise BundleError(f"{name}.data must hold {expected} bytes for shape {shape}, got {got}")
     return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(shape)
 
 
 def package_from_bytes(data: bytes, *, source: str = "<bytes>") -> Package:
-    """Decode and validate; every refusal is a BundleError naming ``source``."""
+    """Decode and validate, the ONNX models included; every refusal is a BundleError naming ``source``."""
     obj = unpack_map(
         data,
         source=source,
@@ -179,9 +189,10 @@ def package_from_bytes(data: bytes, *, source: str = "<bytes>") -> Package:
         max_array=_MAX_ENTRIES,
         max_map=_MAX_ENTRIES,
     )
-    if obj.get("schema_version") != PACKAGE_SCHEMA_VERSION:
+    version = obj.get("schema_version")
+    if not is_int(version) or version != PACKAGE_SCHEMA_VERSION:
         raise BundleError(
-            f"{source}: package schema_version {obj.get('schema_version')!r} is not supported "
+            f"{source}: package schema_version {version!r} is not supported "
             f"(expected {PACKAGE_SCHEMA_VERSION}); fix: make the package with a matching server-kit"
         )
     expected = {f.name for f in fields(Package)} | {"sha256"}
@@ -196,16 +207,35 @@ def package_from_bytes(data: bytes, *, source: str = "<bytes>") -> Package:
             f"{source}: package sha256 mismatch; the file is corrupt or was altered, fetch it again"
         )
     try:
-        return Package(
+        package = Package(
             **{
                 **obj,
-                "input_shape": tuple(obj["input_shape"]) if isinstance(obj["input_shape"], list) else None,
                 "inputs": _array("inputs", obj["inputs"], np.uint8),
                 "knowledge": _array("knowledge", obj["knowledge"], np.float32),
             }
         )
     except (BundleError, TypeError) as err:
         raise BundleError(f"{source}: {err}") from err
+    _check_models(package, source)
+    return package
+
+
+def _check_models(package: Package, source: str) -> None:
+    """The package's ONNX against the shapes it declares, before anything parses it further or runs it."""
+    check_classifier_onnx(
+        package.global_onnx,
+        input_shape=package.input_shape,
+        num_classes=package.num_classes,
+        source=f"{source}: global_onnx",
+    )
+    if package.generator_onnx is not None:
+        check_decoder_onnx(
+            package.generator_onnx,
+            latent_dim=None,
+            num_classes=package.num_classes,
+            output_shape=package.input_shape,
+            source=f"{source}: generator_onnx",
+        )
 
 
 def write_package(package: Package, path: str | Path) -> Path:

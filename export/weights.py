@@ -2,32 +2,32 @@
 
 The SDK exports teachers so that ONNX initializer names equal the model's ``state_dict`` keys; rebuilding
 the module from its arch string and loading these tensors is exact (and as fast as native torch), which
-is why both the device (reloading its own model) and the server (teachers) go through here.
+is why both the device (reloading its own model) and the server (teachers) go through here. The bytes
+may come from anywhere, so they are parsed by :func:`export.onnx_check.parse_onnx` first: no external
+data, every initializer float32 (or a small int64) with exactly the data its dims say.
 """
 
 from __future__ import annotations
 
-import onnx
 import torch
 from onnx import numpy_helper
 
+from export.onnx_check import parse_onnx
 from profiles.errors import BundleError
 
 __all__ = ["initializer_state_dict"]
 
 
 def initializer_state_dict(
-    model_bytes: bytes, module: torch.nn.Module | None = None
+    model_bytes: bytes, module: torch.nn.Module | None = None, *, source: str = "ONNX model"
 ) -> dict[str, torch.Tensor]:
     """Map initializer name -> tensor; with ``module``, keep exactly its state_dict keys.
 
     ``num_batches_tracked`` buffers are not exported (they do not affect eval outputs), so they are filled
-    from the module. Missing keys or shape mismatches raise a BundleError naming them.
+    from the module. A file that fails :func:`~export.onnx_check.parse_onnx`, missing keys or shape
+    mismatches raise a BundleError naming them (and ``source``).
     """
-    try:
-        graph = onnx.load_model_from_string(model_bytes).graph
-    except Exception as err:  # onnx raises DecodeError / ValueError variants
-        raise BundleError(f"cannot parse ONNX model: {err}") from err
+    graph = parse_onnx(model_bytes, source=source, error=BundleError).graph
     tensors = {init.name: torch.from_numpy(numpy_helper.to_array(init).copy()) for init in graph.initializer}
     if module is None:
         return tensors

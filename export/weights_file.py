@@ -1,54 +1,68 @@
 """A weights file that cannot execute code: safetensors tensors inside a validated msgpack manifest.
 
 Used for the HAPFNAS supernet the server sends to devices. The manifest names what the tensors are
-(``kind``, input shape, class count, the search-space string, provenance); ``sha256`` covers the tensor
-bytes. Reading checks the schema version, the kind, the hash and the types, like a bundle, and never
-unpickles anything (safetensors is a flat header + raw buffers).
+(``kind``, input shape, class count, the search-space string, provenance). Reading checks the schema
+version, the kind, the hash and the types, like a bundle, and never unpickles anything (safetensors is a
+flat header + raw buffers). ``sha256`` covers the whole map but itself
+(:func:`export.wire.canonical_sha256`), so the manifest is protected like the tensors; schema 1 hashed
+the tensors only and is refused (no schema-1 file was ever kept: write it again with ``server-kit
+supernet``). What a manifest value means (its bounds) is checked by the reader of that kind, e.g.
+:func:`edge_sdk.elastic.load_supernet`; here only its shape: str -> scalar or list of ints.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from export.atomic import atomic_write_bytes
-from export.wire import unpack_map
+from export.wire import canonical_bytes, canonical_sha256, unpack_map
+from profiles.checks import is_int
 from profiles.errors import BundleError
 
 __all__ = ["WEIGHTS_SCHEMA_VERSION", "read_weights_file", "write_weights_file"]
 
-WEIGHTS_SCHEMA_VERSION = 1
+WEIGHTS_SCHEMA_VERSION = 2  # 2: sha256 covers the whole map (1: the tensor bytes only)
 _MAX_FILE_BYTES = 4 << 30
+_MAX_STR = 1 << 20
+_MAX_LIST = 1 << 10  # an int list in the manifest (a shape)
 _KEYS = {"schema_version", "kind", "manifest", "tensors", "sha256"}
 _SCALARS = (str, int, float, bool, type(None))
+
+
+def _manifest_problem(manifest: object) -> str | None:
+    """Why ``manifest`` is not a map of str to scalars or short int lists (no bools in the lists)."""
+    if not isinstance(manifest, Mapping):
+        return f"manifest must be a map, got {type(manifest).__name__}"
+    for key, value in manifest.items():
+        ints = isinstance(value, list) and len(value) <= _MAX_LIST and all(is_int(v) for v in value)
+        if not isinstance(key, str) or not (isinstance(value, _SCALARS) or ints):
+            return f"manifest must map str to scalars or int lists, got {key!r}: {str(value)[:80]}"
+        if any(is_int(v) and not -(2**63) <= v < 2**64 for v in (value if ints else [value])):
+            return f"manifest[{key!r}] does not fit in 64 bits"
+    return None
 
 
 def write_weights_file(
     path: str | Path, tensors: Mapping[str, torch.Tensor], *, kind: str, manifest: Mapping[str, Any]
 ) -> Path:
     """Write ``tensors`` (safetensors) and ``manifest`` (str -> scalar or list of ints) atomically."""
-    for key, value in manifest.items():
-        ok = isinstance(value, _SCALARS) or (
-            isinstance(value, list) and all(isinstance(v, int) for v in value)
-        )
-        if not isinstance(key, str) or not ok:
-            raise BundleError(f"manifest must map str to scalars or int lists, got {key!r}: {value!r}")
+    problem = _manifest_problem(manifest)
+    if problem is not None:
+        raise BundleError(problem)
     blob = st_save({k: v.detach().cpu().contiguous() for k, v in sorted(tensors.items())})
     data = {
         "schema_version": WEIGHTS_SCHEMA_VERSION,
         "kind": kind,
-        "manifest": dict(sorted(manifest.items())),
+        "manifest": dict(manifest),
         "tensors": blob,
-        "sha256": hashlib.sha256(blob).hexdigest(),
     }
-    return atomic_write_bytes(path, msgpack.packb(data, use_bin_type=True, use_single_float=False))
+    return atomic_write_bytes(path, canonical_bytes({**data, "sha256": canonical_sha256(data)}))
 
 
 def read_weights_file(path: str | Path, *, kind: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -66,25 +80,25 @@ def read_weights_file(path: str | Path, *, kind: str) -> tuple[dict[str, torch.T
         what="weights file",
         max_bytes=_MAX_FILE_BYTES,
         max_bin=_MAX_FILE_BYTES,
-        max_str=1 << 20,
-        max_array=1 << 20,
+        max_str=_MAX_STR,
+        max_array=_MAX_LIST,
         max_map=1 << 16,
     )
     if set(obj) != _KEYS:
         raise BundleError(f"{path}: expected keys {sorted(_KEYS)}, got {sorted(obj)}")
-    if obj["schema_version"] != WEIGHTS_SCHEMA_VERSION:
+    version = obj["schema_version"]
+    if not is_int(version) or version != WEIGHTS_SCHEMA_VERSION:
         raise BundleError(
-            f"{path}: schema_version {obj['schema_version']!r} is not supported (expected "
-            f"{WEIGHTS_SCHEMA_VERSION}); write it with a matching server-kit"
+            f"{path}: schema_version {version!r} is not supported (expected {WEIGHTS_SCHEMA_VERSION}; "
+            "schema 1 did not protect the manifest); write it again with a matching server-kit"
         )
     if obj["kind"] != kind:
-        raise BundleError(f"{path}: a {obj['kind']!r} file, expected {kind!r}")
-    if not isinstance(obj["tensors"], bytes) or hashlib.sha256(obj["tensors"]).hexdigest() != obj["sha256"]:
-        raise BundleError(
-            f"{path}: tensor sha256 mismatch; the file is corrupt or was altered, fetch it again"
-        )
-    if not isinstance(obj["manifest"], dict):
-        raise BundleError(f"{path}: manifest must be a map")
+        raise BundleError(f"{path}: a {str(obj['kind'])[:80]!r} file, expected {kind!r}")
+    if obj["sha256"] != canonical_sha256(obj):
+        raise BundleError(f"{path}: sha256 mismatch; the file is corrupt or was altered, fetch it again")
+    problem = _manifest_problem(obj["manifest"])
+    if problem is not None or not isinstance(obj["tensors"], bytes):
+        raise BundleError(f"{path}: {problem or 'tensors must be bytes'}")
     try:
         tensors = st_load(obj["tensors"])
     except Exception as err:  # safetensors raises its own SafetensorError

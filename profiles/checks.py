@@ -14,7 +14,16 @@ from typing import Any, TypeVar
 
 from profiles.errors import ConfigError, ToolkitError
 
-__all__ = ["check_int", "check_number", "from_preset", "is_number"]
+__all__ = [
+    "check_input_shape",
+    "check_int",
+    "check_ints",
+    "check_number",
+    "check_str",
+    "from_preset",
+    "is_int",
+    "is_number",
+]
 
 T = TypeVar("T")
 
@@ -22,6 +31,11 @@ T = TypeVar("T")
 def is_number(value: object) -> bool:
     """A finite int or float, not a bool."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_int(value: object) -> bool:
+    """A builtin int, not a bool (``True == 1`` must not pass for a count or a version)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_int(
@@ -41,6 +55,53 @@ def check_int(
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise error(f"{name} must be an integer {bound}, got {value!r}")
     return number
+
+
+def check_ints(
+    name: str,
+    value: object,
+    low: int,
+    high: int | None = None,
+    *,
+    max_length: int,
+    error: type[ToolkitError] = ConfigError,
+) -> tuple[int, ...]:
+    """``value`` (a list or tuple, at most ``max_length`` long) as a tuple of ints in [low, high]."""
+    if not isinstance(value, list | tuple):
+        raise error(f"{name} must be a list of integers, got {type(value).__name__}")
+    if len(value) > max_length:
+        raise error(f"{name} must have at most {max_length} entries, got {len(value)}")
+    return tuple(check_int(f"{name}[{i}]", v, low, high, error=error) for i, v in enumerate(value))
+
+
+def check_input_shape(
+    name: str,
+    value: object,
+    *,
+    max_channels: int,
+    max_elements: int,
+    error: type[ToolkitError] = ConfigError,
+) -> tuple[int, int, int]:
+    """``value`` as (C, H, W): three ints >= 1, C <= ``max_channels`` and C * H * W <= ``max_elements``.
+
+    Bounded before anything is allocated from it: one sample of this shape is what every model built
+    from a manifest runs on.
+    """
+    shape = check_ints(name, value, 1, max_elements, max_length=3, error=error)
+    if len(shape) != 3 or shape[0] > max_channels or math.prod(shape) > max_elements:
+        raise error(
+            f"{name} must be three integers (C, H, W) >= 1 with C <= {max_channels} and "
+            f"C * H * W <= {max_elements}, got {value!r}"
+        )
+    return shape  # type: ignore[return-value]
+
+
+def check_str(name: str, value: object, *, max_bytes: int, error: type[ToolkitError] = ConfigError) -> str:
+    """``value`` as a non-empty str of at most ``max_bytes`` UTF-8 bytes."""
+    if not isinstance(value, str) or not value or len(value.encode("utf-8")) > max_bytes:
+        shown = value[:80] + "..." if isinstance(value, str) and len(value) > 80 else value
+        raise error(f"{name} must be a non-empty str of at most {max_bytes} bytes, got {shown!r}")
+    return value
 
 
 def check_number(

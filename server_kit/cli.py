@@ -13,8 +13,11 @@ from edge_sdk.cli import (
     add_search_args,
     cli_main,
     cvae_config,
+    out_dir,
+    out_file,
     overrides,
     print_json,
+    print_skipped,
     root_parser,
     search_config,
 )
@@ -58,8 +61,13 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--student", help="student architecture spec (any edge-sdk spec)")
     g.add_argument(
         "--synth",
-        help="synthesis sources, pooled: inversion,generator (default), decoder (FedMHO); "
-        "e.g. inversion,decoder",
+        help="synthesis sources, pooled: inversion, generator, decoder (FedMHO); default inversion,generator "
+        "plus decoder when cvae_decoder bundles are given; e.g. inversion,decoder",
+    )
+    g.add_argument(
+        "--construction-labels",
+        help="sources whose samples keep the class they were made for instead of the teachers' vote "
+        "(default: decoder; 'none' for the vote everywhere)",
     )
     g.add_argument("--decoder-samples", type=int, help="images decoded from the CVAE decoders (paper: 6000)")
     g.add_argument("--decoder-keep", type=float, help="fraction kept nearest each class centroid (R_th 0.8)")
@@ -178,6 +186,9 @@ def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateCon
     labels = _with_knobs(base.labels, args, LABEL_KNOBS)
     names = ["student", "synth", "hard_labels", "on_error", "threads", "verify_claims"]
     top = overrides(args, [*names, "decoder_samples", "decoder_keep", "fedavg_init"])
+    if args.construction_labels is not None:
+        text = args.construction_labels.strip()
+        top["construction_labels"] = () if text == "none" else text
     if args.fusion is not None:
         from server_kit.fusion import FusionConfig
 
@@ -203,6 +214,7 @@ def cmd_aggregate(args: argparse.Namespace) -> None:
     config = aggregate_config(args, seed=args.seed)
     eval_data = load_client_data(args.eval) if args.eval else None
     result = aggregate(args.bundles, args.out, config=config, eval_data=eval_data, progress=not args.quiet)
+    print_skipped("server-kit", result.report["skipped"])
     acc = "" if result.accuracy is None else f"; test accuracy {result.accuracy:.4f}"
     print(f"wrote {result.global_onnx} ({result.synthetic_size} synthetic samples){acc}")
 
@@ -250,6 +262,7 @@ def cmd_personalize(args: argparse.Namespace) -> None:
     result = personalize_server(
         args.bundles, args.aggregate, args.out, config=PKEConfig(**knobs), progress=not args.quiet
     )
+    print_skipped("server-kit", result.report["skipped"])
     print(f"wrote {len(result.packages)} packages and {result.report_path}")
 
 
@@ -265,6 +278,7 @@ def cmd_supernet(args: argparse.Namespace) -> None:
         config=SupernetConfig(**knobs),
         progress=not args.quiet,
     )
+    print_skipped("server-kit", report["skipped"])
     steps, inputs = report["config"]["steps"], report["inputs"]
     print(f"wrote {args.out} ({steps} steps on {inputs} {report['data']} inputs)")
 
@@ -285,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         "aggregate", cmd_aggregate, "invert the teachers, distill a global student, write global.onnx"
     )
     p.add_argument("bundles", nargs="+", help="client bundle files")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, type=out_dir, help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval", help="test .npz to report accuracy on")
     p.add_argument("--quiet", action="store_true")
@@ -304,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-size", type=int, default=10)
-    p.add_argument("--out", required=True, help="output directory (rerun to resume)")
+    p.add_argument("--out", required=True, type=out_dir, help="output directory (rerun to resume)")
     p.add_argument("--profiles", default="laptop-cpu", help="comma-separated profiles, assigned round-robin")
     p.add_argument("--profile-map", help="TOML: default = 'name' and [clients] index = 'name'")
     p.add_argument("--jobs", type=int, default=1, help="clients trained in parallel processes")
@@ -322,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("bundles", nargs="+", help="the client bundles that were aggregated")
     p.add_argument("--aggregate", required=True, help="the `server-kit aggregate` output directory")
-    p.add_argument("--out", required=True, help="directory for <client>.package files")
+    p.add_argument("--out", required=True, type=out_dir, help="directory for <client>.package files")
     p.add_argument("--epochs", type=int, help="server-model epochs (default 5)")
     p.add_argument("--lr", type=float, help="server-model Adam learning rate (default 1e-3)")
     p.add_argument("--batch-size", type=int)
@@ -338,7 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
         "train the elastic supernet (HAPFNAS) by distilling the teachers on synthetic or public inputs",
     )
     p.add_argument("bundles", nargs="+", help="classifier bundles (the teachers)")
-    p.add_argument("--out", required=True, help="supernet file to write (safetensors in a manifest)")
+    p.add_argument(
+        "--out", required=True, type=out_file, help="supernet file to write (safetensors in a manifest)"
+    )
     p.add_argument("--aggregate", help="a `server-kit aggregate` output: its synthetic set is the input")
     p.add_argument("--unlabeled", help="a public unlabeled .npz (uint8 x) instead of the synthetic set")
     p.add_argument("--steps", type=int, help="sandwich-rule steps (default 300)")
@@ -354,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("bundles", nargs="+", help="client bundles whose archs are mbv3:... subnets")
     p.add_argument("--supernet", required=True, help="the supernet file the clients searched")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, type=out_dir, help="output directory")
     return parser
 
 

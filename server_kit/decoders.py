@@ -5,7 +5,8 @@ server rebuilds the decoder from its arch string (``cvae-small-z2``) and loads t
 name (exact, and fast in torch on any device); a decoder that cannot be rebuilt (a foreign arch, or
 weights that do not fit) runs through onnxruntime instead. Either way it is trusted only after a parity
 check against onnxruntime on seeded inputs. Sampling needs no gradients, so the onnxruntime path loses
-nothing but speed.
+nothing but speed. Before either, the ONNX must pass :func:`export.onnx_check.check_decoder_onnx` against the
+manifest: inputs ``z`` [batch, latent_dim] and ``y`` [batch, num_classes], output ``x`` [batch, C, H, W].
 
 How the synthetic budget is split (:func:`allocate_samples`):
 
@@ -36,10 +37,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from edge_sdk.cvae import build_cvae
 from export.bundle import Bundle, read_bundle
+from export.onnx_check import check_decoder_onnx
 from export.onnx_export import DECODER_INPUT_NAMES, onnx_session
 from export.weights import initializer_state_dict
 from profiles.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
@@ -60,18 +63,26 @@ _CENTROID_EPS = 1e-9  # guards floor(keep * n) against 0.29 * 100 = 28.999...
 
 
 class OnnxDecoder(nn.Module):
-    """A decoder run by onnxruntime on CPU (no gradients): the fallback of :func:`load_decoder`."""
+    """A decoder run by onnxruntime on CPU (no gradients): the fallback of :func:`load_decoder`.
+
+    The bytes must pass :func:`check_decoder_onnx` for the given sizes before a session is made.
+    """
 
     def __init__(
         self, model_bytes: bytes, *, latent_dim: int, num_classes: int, output_shape: tuple[int, ...]
     ):
         super().__init__()
-        self.session = onnx_session(model_bytes)
         self.latent_dim, self.num_classes = int(latent_dim), int(num_classes)
         self.output_shape = tuple(int(v) for v in output_shape)
-        names = [i.name for i in self.session.get_inputs()]
-        if names != list(DECODER_INPUT_NAMES):
-            raise TeacherError(f"a decoder ONNX must have inputs {list(DECODER_INPUT_NAMES)}, got {names}")
+        check_decoder_onnx(
+            model_bytes,
+            latent_dim=self.latent_dim,
+            num_classes=self.num_classes,
+            output_shape=self.output_shape,
+            source="decoder ONNX",
+            error=TeacherError,
+        )
+        self.session = onnx_session(model_bytes)
 
     def forward(self, z: Tensor, y_onehot: Tensor) -> Tensor:
         feed = {
@@ -111,7 +122,7 @@ def _rebuild(bundle: Bundle) -> nn.Module:
 def _parity_inputs(latent_dim: int, num_classes: int) -> tuple[Tensor, Tensor]:
     generator = torch.Generator().manual_seed(PARITY_SEED)
     z = torch.randn((PARITY_BATCH, latent_dim), generator=generator)
-    y = torch.eye(num_classes)[torch.arange(PARITY_BATCH) % num_classes]
+    y = F.one_hot(torch.arange(PARITY_BATCH) % num_classes, num_classes).float()  # no L x L matrix
     return z, y
 
 
@@ -162,6 +173,15 @@ def load_decoder(
         raise TeacherError(f"{source}: kind {bundle.kind!r} is not a cvae_decoder")
     if not parity_atol > 0:
         raise ConfigError(f"parity_atol must be > 0, got {parity_atol!r}")
+    assert bundle.latent_dim is not None  # a cvae_decoder bundle always has one
+    check_decoder_onnx(
+        bundle.model_onnx,
+        latent_dim=bundle.latent_dim,
+        num_classes=bundle.num_classes,
+        output_shape=bundle.input_shape,
+        source=source,
+        error=TeacherError,
+    )
     dev = torch.device(device)
     reasons = []
     try:
@@ -171,7 +191,6 @@ def load_decoder(
     except TeacherError as err:
         reasons.append(f"rebuilt: {err}")
     try:
-        assert bundle.latent_dim is not None
         module = OnnxDecoder(
             bundle.model_onnx,
             latent_dim=bundle.latent_dim,
@@ -272,7 +291,6 @@ def sample_decoders(
         )
     cells = allocate_samples(label_counts_per_client, total, weighting=weighting)
     dev = torch.device(device)
-    eye = torch.eye(num_classes, device=dev)
     xs: list[Tensor] = []
     ys: list[Tensor] = []
     for k, decoder in enumerate(decoders):
@@ -284,7 +302,7 @@ def sample_decoders(
         decoder.eval()
         for start in range(0, len(labels), batch_size):
             zb = z[start : start + batch_size].to(dev)
-            yb = eye[labels[start : start + batch_size].to(dev)]
+            yb = F.one_hot(labels[start : start + batch_size], num_classes).float().to(dev)
             xs.append(decoder(zb, yb).float().clamp_(0.0, 1.0).cpu())
         decoder.train(was_training)
         ys.append(labels)

@@ -18,7 +18,7 @@ import torch
 
 from edge_sdk.elastic import ElasticSpec, SuperNet, extract, load_supernet, save_supernet, subnet_slices
 from export.atomic import atomic_write_bytes, atomic_write_json
-from export.bundle import Bundle, read_bundle
+from export.bundle import Bundle, client_names, read_bundle
 from export.onnx_export import export_onnx
 from export.weights import initializer_state_dict
 from profiles.errors import BundleError, ConfigError
@@ -57,7 +57,9 @@ def hetero_fedavg(
     bundle_paths: Sequence[str | Path], supernet_path: str | Path, out_dir: str | Path
 ) -> dict[str, Any]:
     """`server-kit hetero-avg`: read the elastic client bundles, aggregate, and write
-    ``<bundle stem>.onnx`` per client plus ``supernet.safetensors.msgpack`` and ``hetero_avg.json``."""
+    ``<client>.onnx`` per client (names from :func:`export.bundle.client_names`) plus
+    ``supernet.safetensors.msgpack`` and ``hetero_avg.json``."""
+    names = client_names(bundle_paths)  # before anything is read or written
     supernet = load_supernet(supernet_path)
     out = Path(out_dir)
     bundles: list[tuple[Path, Bundle, ElasticSpec]] = []
@@ -72,13 +74,13 @@ def hetero_fedavg(
         clients.append((spec, initializer_state_dict(bundle.model_onnx, template), bundle.num_examples))
     merged = hetero_avg(supernet, clients)
     rows = []
-    for path, bundle, spec in bundles:
+    for name, (_, bundle, spec) in zip(names, bundles, strict=True):
         model = extract(merged, spec).eval()
         meta = {"arch": str(spec), "producer": "hetero-avg"}
         data = export_onnx(model, tuple(bundle.input_shape), metadata=meta)  # type: ignore[arg-type]
-        target = atomic_write_bytes(out / f"{path.stem}.onnx", data)
+        target = atomic_write_bytes(out / f"{name}.onnx", data)
         rows.append(
-            {"client": path.stem, "arch": str(spec), "num_examples": bundle.num_examples, "onnx": target.name}
+            {"client": name, "arch": str(spec), "num_examples": bundle.num_examples, "onnx": target.name}
         )
     save_supernet(merged, out / "supernet.safetensors.msgpack", provenance={"producer": "hetero-avg"})
     report = {"clients": rows, "supernet": "supernet.safetensors.msgpack"}

@@ -14,6 +14,9 @@ onnx2pytorch (its BatchNorm wrapper hides the inner module from forward hooks):
   constant shape-like inputs (Reshape shape, axes, Clip bounds) become attributes, so a GPU forward does
   not synchronise to read them;
 * every unsupported operator is reported at once, before anything is built.
+
+The bytes may come from anywhere: they are parsed by :func:`export.onnx_check.parse_onnx` and must pass
+:func:`export.onnx_check.check_onnx` (shapes as the graph declares them) before any tensor is read.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ import numpy as np
 import onnx
 import torch
 import torch.nn.functional as F
-from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 from torch import nn
 
+from export.onnx_check import check_onnx, parse_onnx
 from profiles.errors import TeacherError
 
 __all__ = ["SUPPORTED_OPS", "OnnxModule", "convert_onnx"]
@@ -690,17 +693,12 @@ def _ranks(model: onnx.ModelProto) -> dict[str, int]:
 def convert_onnx(model_bytes: bytes) -> OnnxModule:
     """Convert a serialized ONNX classifier into a differentiable torch module (see the module docstring).
 
-    Raises TeacherError for unparseable or invalid models, models with more than one data input, and
-    unsupported operators (all listed at once). The result is in eval mode; parameters are trainable
-    (callers freeze teachers themselves).
+    Raises TeacherError for unparseable or invalid models, unsupported operators (all listed at once),
+    models with more than one data input and models outside :func:`export.onnx_check.check_onnx`'s
+    contract. The result is in eval mode; parameters are trainable (callers freeze teachers themselves).
     """
-    try:
-        model = onnx.load_model_from_string(bytes(model_bytes))
-        onnx.checker.check_model(model)
-    except (DecodeError, onnx.checker.ValidationError) as err:
-        raise TeacherError(
-            f"not a valid ONNX model ({type(err).__name__}: {err}); expected a serialized ONNX file"
-        ) from err
+    source = "ONNX classifier"
+    model = parse_onnx(model_bytes, source=source, error=TeacherError)
     graph = model.graph
     opsets = {o.domain: o.version for o in model.opset_import}
     opset = opsets.get("", opsets.get("ai.onnx"))
@@ -709,13 +707,18 @@ def convert_onnx(model_bytes: bytes) -> OnnxModule:
     problem = _unsupported(graph)
     if problem:
         raise TeacherError(problem)
-    initializers = {init.name: _tensor(init.name, init) for init in graph.initializer}
-    data_inputs = [i.name for i in graph.input if i.name not in initializers]
+    for index, node in enumerate(graph.node):  # before the contract: its inference would refuse less clearly
+        if node.op_type == "BatchNormalization":
+            _check_bn(node.name or f"{node.op_type}_{index}", {a.name: a.i for a in node.attribute})
+    names = {init.name for init in graph.initializer}
+    data_inputs = [i.name for i in graph.input if i.name not in names]
     if len(data_inputs) != 1 or not graph.output:
         raise TeacherError(
             f"expected a classifier graph with one data input and an output, got inputs {data_inputs} "
             f"and {len(graph.output)} outputs"
         )
+    check_onnx(model, inputs=[None], outputs=[None] * len(graph.output), source=source, error=TeacherError)
+    initializers = {init.name: _tensor(init.name, init) for init in graph.initializer}
     builder = _Builder(opset, initializers, _ranks(model))
     for index, node in enumerate(graph.node):
         builder.add(node, index)

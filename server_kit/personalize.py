@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from edge_sdk.arch import build_model
 from export.atomic import atomic_write_json
+from export.bundle import client_names
 from export.onnx_export import read_metadata
 from export.package import Package, write_package
 from export.weights import initializer_state_dict
@@ -153,7 +154,10 @@ def personalize_server(
     config: PKEConfig,
     progress: bool = False,
 ) -> PKEResult:
-    """PKE for every classifier bundle; writes ``<bundle stem>.package`` per client and ``pke_report.json``.
+    """PKE for every classifier bundle; writes ``<client>.package`` per client and ``pke_report.json``.
+
+    ``<client>`` is the bundle's stem, made unique by :func:`export.bundle.client_names` (checked before
+    anything is read or written), and is the package's ``client``.
 
     ``aggregate_dir`` is a ``server-kit aggregate`` output (``global.onnx``, ``synthetic.npz``, and
     ``generator/generator.onnx`` when the generator was a synthesis source).
@@ -163,6 +167,9 @@ def personalize_server(
     for path in (global_path, synthetic_path):
         if not path.is_file():
             raise DataError(f"{path} not found; pass the output directory of `server-kit aggregate`")
+    names = {
+        Path(p).resolve(): name for p, name in zip(bundle_paths, client_names(bundle_paths), strict=True)
+    }
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     teachers, skipped = load_teachers(bundle_paths, device=config.device)
@@ -203,9 +210,10 @@ def personalize_server(
     knobs = {"mu": float(config.mu), "epochs": config.epochs, "lr": float(config.lr), "inputs": len(x)}
     paths, rows = [], []
     for teacher, zs, z, curve in zip(teachers, server_knowledge, knowledge, curves, strict=True):
+        client = names[Path(teacher.path).resolve()]  # type: ignore[arg-type]
         package = Package(
-            client=teacher.name,
-            client_sha256=teacher.bundle.sha256,
+            client=client,
+            client_sha256=teacher.bundle.model_sha256,
             global_onnx=global_bytes,
             global_arch=arch,
             num_classes=num_classes,
@@ -216,11 +224,11 @@ def personalize_server(
             knobs=knobs,
             seed=config.seed,
         )
-        path = write_package(package, out / f"{teacher.name}.package")
+        path = write_package(package, out / f"{client}.package")
         paths.append(path)
         rows.append(
             {
-                "client": teacher.name,
+                "client": client,
                 "package": path.name,
                 "size_bytes": path.stat().st_size,
                 "l1_curve": curve,

@@ -1,8 +1,9 @@
 """A whole one-shot federation in one call: partition -> every client as a device -> aggregate -> evaluate.
 
 Each client's role follows its profile (``edge-sdk run --role auto``): classifier profiles search and
-train a classifier, ``cvae`` profiles (FedMHO's constrained devices) train a CVAE and upload its decoder,
-so one run can mix both; aggregate the decoders with ``synth`` containing ``decoder``.
+train a classifier and, when it fits, a CVAE whose decoder they upload too (role ``both``); ``cvae``
+profiles (FedMHO's constrained devices) train only the CVAE. Every decoder bundle goes to the server with
+the classifiers, where the default synthesis samples it.
 
 Clients run through `edge_sdk.client.run_client` (the code path of `edge-sdk run`) and the server through
 `server_kit.aggregate.aggregate` (the code path of `server-kit aggregate`), so a simulation measures the
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.search import SearchConfig
 from export.atomic import atomic_write_json
@@ -108,42 +110,56 @@ def _limit_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _run_one(
-    data_path: str,
-    bundle_path: str,
-    profile_name: str,
-    search: SearchConfig,
-    cvae: CVAEConfig,
-    seed: int,
-    val_fraction: float,
-    device: str,
-    progress: bool,
-) -> dict[str, Any]:
+def _client_config(config: SimulateConfig, k: int) -> ClientConfig:
+    """Client ``k``'s settings: the simulation's search and CVAE, seed ``seed + k``, role ``auto``."""
+    return ClientConfig(
+        search=config.search,
+        cvae=config.cvae,
+        val_fraction=config.val_fraction,
+        seed=config.seed + k,
+        device=config.device,
+        progress=config.progress and config.jobs == 1,
+    )
+
+
+def _run_one(data_path: str, bundle_path: str, profile_name: str, config: ClientConfig) -> dict[str, Any]:
     """One client, exactly as `edge-sdk run` would do it (runs in a worker process when jobs > 1)."""
-    from edge_sdk.client import ClientConfig, run_client
     from edge_sdk.data import load_client_data
 
-    config = ClientConfig(
-        search=search, cvae=cvae, val_fraction=val_fraction, seed=seed, device=device, progress=progress
-    )
     result = run_client(
         load_client_data(data_path), profile=load_profile(profile_name), config=config, out=bundle_path
     )
     return {"seconds": result.seconds}
 
 
-def _finished(bundle_path: Path) -> bool:
-    """A client is done when its bundle reads back cleanly and its report exists (both written atomically)."""
+def _finished(bundle_path: Path, client_config: dict[str, Any]) -> bool:
+    """A client is done when its report (written last, atomically) was made with the same client settings
+    and every bundle it names reads back cleanly; a client made with other settings runs again."""
+    from edge_sdk.client import decoder_bundle_path
     from export.bundle import read_bundle
 
-    report = bundle_path.with_name(bundle_path.name + ".report.json")
-    if not (bundle_path.is_file() and report.is_file()):
+    report_path = bundle_path.with_name(bundle_path.name + ".report.json")
+    if not (bundle_path.is_file() and report_path.is_file()):
         return False
     try:
-        read_bundle(bundle_path)
-    except BundleError:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+        paths = [bundle_path] + ([decoder_bundle_path(bundle_path)] if report.get("role") == "both" else [])
+        if report.get("config") != client_config:
+            return False
+        for path in paths:
+            read_bundle(path)
+    except (BundleError, OSError, ValueError):
         return False
     return True
+
+
+def _uploads(bundle_path: Path) -> list[Path]:
+    """The bundles one finished client uploads: its classifier or decoder, and the decoder of ``both``."""
+    from edge_sdk.client import decoder_bundle_path
+
+    decoder = decoder_bundle_path(bundle_path)
+    report = json.loads(bundle_path.with_name(bundle_path.name + ".report.json").read_text(encoding="utf-8"))
+    return [bundle_path, decoder] if report.get("role") == "both" else [bundle_path]
 
 
 def _partition(config: SimulateConfig, data_dir: Path) -> list[Path]:
@@ -196,21 +212,13 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
     client_dir = out / "clients"
     client_dir.mkdir(parents=True, exist_ok=True)
     bundles = [client_dir / f"client_{k:02d}.bundle" for k in range(config.num_clients)]
-    todo = [k for k in range(config.num_clients) if not _finished(bundles[k])]
-    jobs = [
-        (
-            str(data_paths[k]),
-            str(bundles[k]),
-            names[k],
-            config.search,
-            config.cvae,
-            config.seed + k,
-            config.val_fraction,
-            config.device,
-            config.progress and config.jobs == 1,
-        )
-        for k in todo
+    client_configs = [_client_config(config, k) for k in range(config.num_clients)]
+    todo = [
+        k
+        for k in range(config.num_clients)
+        if not _finished(bundles[k], json.loads(json.dumps(client_configs[k].to_dict())))
     ]
+    jobs = [(str(data_paths[k]), str(bundles[k]), names[k], client_configs[k]) for k in todo]
     if config.jobs == 1 or len(jobs) <= 1:
         for job in jobs:
             _run_one(*job)
@@ -227,8 +235,9 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
 
     # --- server ------------------------------------------------------------------------------------------
     test = load_client_data(out / "data" / "test.npz")
+    uploads = [path for bundle in bundles for path in _uploads(bundle)]
     agg = aggregate(
-        bundles, out / "server", config=config.aggregate, eval_data=test, progress=config.progress
+        uploads, out / "server", config=config.aggregate, eval_data=test, progress=config.progress
     )
     for phase, value in agg.seconds.items():
         seconds[f"server_{phase}"] = value

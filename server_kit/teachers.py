@@ -6,7 +6,9 @@ initializers by name (exact, and as fast as native torch; BN-preserving exports 
 after its state_dict key). A bundle whose arch is unknown or does not match its weights (a classifier
 exported elsewhere) goes through the generic converter in :mod:`server_kit.onnx_convert`. Either way the
 module is trusted only after a parity check against onnxruntime on seeded inputs, then frozen: eval()
-(BN must use its running statistics) and ``requires_grad_(False)``.
+(BN must use its running statistics) and ``requires_grad_(False)``. Before any of that, the ONNX must pass
+:func:`export.onnx_check.check_classifier_onnx` against the manifest (input ``[batch, *input_shape]``, output
+``[batch, num_classes]``): nothing of a file that fails it is rebuilt, converted or run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import nn
 
 from edge_sdk.arch import build_model
 from export.bundle import KINDS, Bundle, read_bundle
+from export.onnx_check import check_classifier_onnx
 from export.onnx_export import onnx_session
 from export.weights import initializer_state_dict
 from profiles.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
@@ -81,7 +84,8 @@ def load_teacher(
     parity_atol: float = 1e-4,
     check_parity: bool = True,
 ) -> Teacher:
-    """Rebuild (or, failing that, convert) the bundle's classifier and check it against onnxruntime.
+    """Check the bundle's ONNX against its manifest, rebuild (or, failing that, convert) the classifier and
+    check it against onnxruntime.
 
     The converter is tried when the rebuild raises or fails parity, so a wrong arch string never yields a
     wrong teacher. Raises TeacherError naming the file with every attempt's reason.
@@ -92,6 +96,13 @@ def load_teacher(
         raise TeacherError(f"{source}: kind {bundle.kind!r} is not a classifier teacher")
     if not parity_atol > 0:
         raise ConfigError(f"parity_atol must be > 0, got {parity_atol!r}")
+    check_classifier_onnx(
+        bundle.model_onnx,
+        input_shape=bundle.input_shape,
+        num_classes=bundle.num_classes,
+        source=source,
+        error=TeacherError,
+    )
     builders: list[tuple[str, Callable[[], nn.Module]]] = [
         ("rebuilt", lambda: rebuild_teacher(bundle)),
         ("converted", lambda: convert_onnx(bundle.model_onnx)),

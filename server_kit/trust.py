@@ -16,6 +16,13 @@ applied to pairwise agreement; it assumes an honest majority among the claimants
 with one claimant cannot be checked and is kept as claimed; a rejected claim's count becomes 0, and a
 teacher whose rejected claims hold more than half of the examples it claims loses all its claims (a
 liar that passes on a class where the honest holders agree little with each other is still caught).
+
+Decoders (:func:`verify_decoders`) are checked the same way, against the teachers instead of each other:
+decoder d's claim on class c is scored by the fraction of a probe of its samples for c that the teachers'
+label-weighted vote (on the counts that passed :func:`verify_claims`) calls c, and kept when the score is
+at least ``keep_ratio`` times the median score of the decoders claiming c. A decoder trained on wrong labels
+draws another class when asked for c and is dropped before it gets any of the sampling budget, which its
+claimed counts would otherwise decide.
 """
 
 from __future__ import annotations
@@ -29,9 +36,9 @@ from torch import nn
 
 from profiles.errors import ConfigError
 from server_kit.inversion import SyntheticSet
-from server_kit.labels import teacher_probs
+from server_kit.labels import class_shares, teacher_probs
 
-__all__ = ["ClaimCheck", "verify_claims"]
+__all__ = ["ClaimCheck", "verify_claims", "verify_decoders"]
 
 
 @dataclass(frozen=True)
@@ -110,15 +117,77 @@ def verify_claims(
             score = scores[i][c]
             if score is not None and score < bar:
                 rejected.append((i, c))
-    # a teacher whose rejected claims hold most of the examples it claims is not trusted on the rest
-    for i in range(k):
-        failed = sum(counts[i][c] for j, c in rejected if j == i)
-        if 2 * failed > sum(counts[i]):
-            rejected += [(i, c) for c in range(num_classes) if counts[i][c] > 0 and (i, c) not in rejected]
+    return _decide(counts, scores, rejected)
+
+
+def _decide(
+    counts: list[list[int]], scores: list[list[float | None]], rejected: list[tuple[int, int]]
+) -> ClaimCheck:
+    """Apply the rejections; an upload whose rejected claims hold most of the examples it claims is not
+    trusted on the rest."""
+    for i, row in enumerate(counts):
+        failed = sum(row[c] for j, c in rejected if j == i)
+        if 2 * failed > sum(row):
+            rejected += [(i, c) for c in range(len(row)) if row[c] > 0 and (i, c) not in rejected]
     verified = [row[:] for row in counts]
     for i, c in rejected:
         verified[i][c] = 0
     return ClaimCheck(label_counts=verified, scores=scores, rejected=sorted(rejected))
+
+
+@torch.no_grad()
+def verify_decoders(
+    modules: Sequence[nn.Module],
+    label_counts: Sequence[Sequence[int]],
+    decoders: Sequence[nn.Module],
+    decoder_counts: Sequence[Sequence[int]],
+    *,
+    probe: int = 32,
+    keep_ratio: float = 0.5,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> ClaimCheck:
+    """Score every decoder claim (decoder d has examples of class c) on ``probe`` of its samples for c by
+    the teachers' label-weighted vote (``label_counts``: the verified classifier counts); see above.
+
+    ``decoders`` map (z, one-hot y) to images and have a ``latent_dim``; z is drawn from ``seed``.
+    """
+    if not 0 < keep_ratio <= 1 or not math.isfinite(keep_ratio):
+        raise ConfigError(f"keep_ratio must be in (0, 1], got {keep_ratio!r}")
+    if isinstance(probe, bool) or not isinstance(probe, int) or probe < 1:
+        raise ConfigError(f"probe must be an integer >= 1, got {probe!r}")
+    counts = [list(map(int, row)) for row in decoder_counts]
+    if len(counts) != len(decoders):
+        raise ConfigError(f"decoder_counts has {len(counts)} rows for {len(decoders)} decoders")
+    shares = class_shares(label_counts).double()  # K x L
+    num_classes = shares.shape[1]
+    generator = torch.Generator().manual_seed(seed)
+    scores: list[list[float | None]] = [[None] * num_classes for _ in counts]
+    for d, decoder in enumerate(decoders):
+        claimed = [c for c in range(num_classes) if counts[d][c] > 0]
+        if not claimed:
+            continue
+        y = torch.tensor(claimed).repeat_interleave(probe)
+        z = torch.randn((len(y), int(decoder.latent_dim)), generator=generator)
+        onehot = torch.nn.functional.one_hot(y, num_classes).float()
+        param = next(iter(decoder.parameters()), None)
+        dev = param.device if param is not None else torch.device("cpu")
+        was_training = decoder.training
+        decoder.eval()
+        x = decoder(z.to(dev), onehot.to(dev)).float().clamp(0, 1).cpu()
+        decoder.train(was_training)
+        vote = sum(teacher_probs(m, x, tau=1.0, device=device) * shares[k] for k, m in enumerate(modules))
+        says = vote.argmax(1) == y  # type: ignore[union-attr]
+        for c in claimed:
+            scores[d][c] = float(says[y == c].double().mean())
+    rejected: list[tuple[int, int]] = []
+    for c in range(num_classes):
+        scored = [(d, scores[d][c]) for d in range(len(counts)) if scores[d][c] is not None]
+        if len(scored) < 2:
+            continue
+        bar = keep_ratio * _median([score for _, score in scored])  # type: ignore[misc]
+        rejected += [(d, c) for d, score in scored if score < bar]  # type: ignore[operator]
+    return _decide(counts, scores, rejected)
 
 
 def _median(values: Sequence[float]) -> float:

@@ -122,3 +122,23 @@ def test_profile_measures_this_device(capsys, tmp_path):
     profile = load_profile(path)
     assert profile.gflops > 0
     assert profile.max_flops > 0
+
+
+def test_upgrade_rewrites_schema1_bundles_in_place(capsys, tmp_path):
+    from export.bundle import read_bundle
+    from tests.export.test_bundle import _bundle, _schema1
+
+    old, current = tmp_path / "old.bundle", tmp_path / "new.bundle"
+    old.write_bytes(_schema1(_bundle()))
+    current.write_bytes(_schema1(_bundle(seed=1)))
+    assert run(capsys, "upgrade", str(current))[0] == 0
+    code, out, _ = run(capsys, "upgrade", str(old), str(current))
+    assert code == 0 and out.splitlines() == [
+        f"{old}: upgraded to schema 2",
+        f"{current}: already schema 2",
+    ]
+    assert read_bundle(old) == _bundle()
+    junk = tmp_path / "junk.bundle"
+    junk.write_bytes(b"\xc1")
+    code, _, err = run(capsys, "upgrade", str(junk))
+    assert code == 2 and err.startswith(f"edge-sdk: error: {junk}: not a readable bundle")

@@ -264,6 +264,9 @@ def test_auto_role() -> None:
     assert resolve_role("auto", load_profile("wearable"), (1, 28, 28), 10, search) == "cvae"
     assert resolve_role("auto", load_profile("raspberry-pi-zero-2w"), (1, 28, 28), 10, search) == "classifier"
     assert resolve_role("cvae", load_profile("laptop-cpu"), (1, 28, 28), 10, search) == "cvae"
+    # a classifier profile uploads its decoder too when the CVAE also fits (the pi zero's 100 k params do not)
+    assert resolve_role("auto", load_profile("laptop-cpu"), (1, 28, 28), 10, search) == "both"
+    assert resolve_role("classifier", load_profile("laptop-cpu"), (1, 28, 28), 10, search) == "classifier"
     # A classifier-role profile too small for the cheapest chain the search can draw switches to cvae.
     tiny = DeviceProfile(name="tiny", memory_mb=64, gflops=1.0, max_flops=10_000, max_params=100_000)
     assert str(smallest_classifier((1, 28, 28), 10, search)) == "C8k1-P-P-P-P-F10"  # 12,704 FLOPs
@@ -282,15 +285,15 @@ def test_run_client_cvae_writes_decoder_bundle(digits: ArrayDataset, tmp_path: P
     result = run_client(digits, profile=load_profile("wearable"), config=config, out=tmp_path / "w.bundle")
     assert result.role == "cvae" and result.search is None and result.extra_bundles == ()
     bundle = read_bundle(result.bundle_path)
-    assert bundle.kind == "cvae_decoder" and bundle.arch == result.arch == "cvae-small-z2"
-    assert bundle.latent_dim == 2 and bundle.input_shape == (1, 8, 8) and bundle.num_classes == 10
+    assert bundle.kind == "cvae_decoder" and bundle.arch == result.arch == "cvae-small-z20"
+    assert bundle.latent_dim == 20 and bundle.input_shape == (1, 8, 8) and bundle.num_classes == 10
     assert bundle.num_examples == 240 and sum(bundle.label_counts) == 240  # the 80 % train split
     for key in ("train_loss", "val_loss", "val_recon", "val_kl", "flops", "params", "decoder_flops"):
         assert key in bundle.metrics, key
-    assert bundle.metrics["decoder_flops"] == 2 * _small_macs(64, 10, 2)[1]
+    assert bundle.metrics["decoder_flops"] == 2 * _small_macs(64, 10, 20)[1]
     assert bundle.metrics["decoder_params"] < bundle.metrics["params"]
     (x,) = onnx_session(bundle.model_onnx).run(
-        ["x"], {"z": np.zeros((3, 2), np.float32), "y": np.eye(10, dtype=np.float32)[:3]}
+        ["x"], {"z": np.zeros((3, 20), np.float32), "y": np.eye(10, dtype=np.float32)[:3]}
     )
     assert x.shape == (3, 1, 8, 8)
     report = json.loads(result.report_path.read_text())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import msgpack
 import numpy as np
 import pytest
@@ -115,6 +117,44 @@ def test_supernet_file_round_trip_and_refusals(supernet, tmp_path):
     (tmp_path / "junk.file").write_bytes(b"\x00" * 10)
     with pytest.raises(BundleError):
         load_supernet(tmp_path / "junk.file")
+
+
+def _resigned(obj: dict) -> bytes:
+    """``obj`` with the weights-file hash recomputed (sha256 of the key-sorted map without it)."""
+    body = {k: v for k, v in sorted(obj.items()) if k != "sha256"}
+    body["manifest"] = dict(sorted(body["manifest"].items()))
+    digest = hashlib.sha256(msgpack.packb(body, use_bin_type=True, use_single_float=False)).hexdigest()
+    return msgpack.packb({**body, "sha256": digest}, use_bin_type=True)
+
+
+def test_supernet_manifest_is_hashed_and_bounded(supernet, tmp_path):
+    """Schema 1 hashed the tensors only and read num_classes / input_shape unchecked into allocations."""
+    obj = msgpack.unpackb(save_supernet(supernet, tmp_path / "s.file").read_bytes(), raw=False)
+    flipped = {**obj, "manifest": {**obj["manifest"], "num_classes": 11}}
+    (tmp_path / "flip.file").write_bytes(msgpack.packb(flipped, use_bin_type=True))
+    with pytest.raises(BundleError, match="sha256 mismatch"):
+        load_supernet(tmp_path / "flip.file")
+    bad = [
+        ("num_classes", -1, "num_classes must be an integer in"),
+        ("num_classes", True, "num_classes must be an integer .* got True"),
+        ("num_classes", 2**63, "num_classes must be an integer in"),
+        ("input_shape", [-1, 8, 8], r"input_shape\[0\] must be an integer in \[1, "),
+        ("input_shape", ["a", 8, 8], "must map str to scalars or int lists"),
+        ("input_shape", [True, 8, 8], "must map str to scalars or int lists"),
+        ("input_shape", [1, 100_000, 100_000], r"C \* H \* W <= 1048576"),
+        ("input_shape", None, "input_shape must be a list of integers"),
+    ]
+    for key, value, message in bad:
+        forged = {**obj, "manifest": {**obj["manifest"], key: value}}
+        (tmp_path / "bad.file").write_bytes(_resigned(forged))
+        with pytest.raises(BundleError, match=r"bad\.file: .*" + message):
+            load_supernet(tmp_path / "bad.file")
+    (tmp_path / "v1.file").write_bytes(_resigned({**obj, "schema_version": 1}))
+    with pytest.raises(BundleError, match="schema_version 1 is not supported"):
+        load_supernet(tmp_path / "v1.file")
+    (tmp_path / "v1.file").write_bytes(_resigned({**obj, "schema_version": True}))
+    with pytest.raises(BundleError, match="schema_version True is not supported"):
+        load_supernet(tmp_path / "v1.file")
 
 
 def test_hetero_avg_of_identical_specs_is_fedavg(supernet):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
+import numpy as np
+import onnx
 import pytest
 import torch
+from onnx import helper, numpy_helper
 
 from edge_sdk.arch import build_model
 from edge_sdk.cli import main as edge_main
@@ -17,6 +22,7 @@ from export.package import read_package
 from profiles.errors import BundleError, ConfigError
 from server_kit.aggregate import aggregate
 from server_kit.personalize import PKEConfig, extractor_names, personalize_server, train_server_models
+from tests.export.test_onnx_check import loop_in_front
 from tests.server_kit.test_aggregate import SHAPE, L, bundles, tiny_config  # noqa: F401
 from tests.server_kit.test_synth_sources import TINY_GENERATOR
 
@@ -100,6 +106,29 @@ def test_server_writes_one_valid_package_per_client(federation, bundles):  # noq
     assert [c["package"] for c in report["clients"]] == [p.name for p in result.packages]
 
 
+def test_bundles_with_the_same_file_name_get_distinct_packages(capsys, federation, bundles):  # noqa: F811
+    """`personalize a/client_00.bundle b/client_00.bundle` said "wrote 2 packages" and wrote one."""
+    from server_kit.cli import main as server_main
+
+    tmp, _, _ = federation
+    same = [tmp / "a" / "client.bundle", tmp / "b" / "client.bundle"]
+    for source, target in zip(bundles[:2], same, strict=True):
+        target.parent.mkdir(exist_ok=True)
+        shutil.copyfile(source, target)
+    argv = ["personalize", *map(str, same), "--aggregate", str(tmp / "server"), "--out", str(tmp / "same")]
+    assert server_main([*argv, "--epochs", "1", "--batch-size", "8", "--max-inputs", "16", "--quiet"]) == 0
+    assert "wrote 2 packages" in capsys.readouterr().out
+    written = sorted((tmp / "same").glob("*.package"))
+    assert [p.name for p in written] == ["client-0.package", "client-1.package"]
+    for path, bundle_path in zip(written, same, strict=True):
+        package = read_package(path)
+        assert package.client == path.stem
+        package.check_for(read_bundle(bundle_path).model_onnx)  # each one for its own client
+    with pytest.raises(ConfigError, match="more than once"):
+        personalize_server([same[0], same[0]], tmp / "server", tmp / "twice", config=PKEConfig(epochs=1))
+    assert not (tmp / "twice").exists()
+
+
 @pytest.mark.parametrize("method", ["finetune", "pkt", "kdg"])
 def test_each_method_writes_deployable_models(federation, bundles, method):  # noqa: F811
     tmp, result, data = federation
@@ -139,6 +168,51 @@ def test_package_of_another_client_is_refused(federation, bundles):  # noqa: F81
             config=PersonalizeConfig(),
         )
     assert not (tmp / "x" / "deploy.onnx").exists()
+
+
+def test_a_hostile_package_is_refused_before_its_models_load_or_run(federation, bundles):  # noqa: F811
+    """Knowledge of L + 1 columns, a global model with a 2**62-iteration Loop in front, a generator with a
+    16 GB ConstantOfShape (onnxruntime would fold it at session creation) or one onnxruntime cannot run:
+    each is a BundleError."""
+    tmp, result, data = federation
+    bundle, package = read_bundle(bundles[0]), read_package(result.packages[0])
+    wider = dataclasses.replace(
+        package, num_classes=L + 1, knowledge=np.zeros((len(package.inputs), L + 1), np.float32)
+    )
+    looped = loop_in_front(onnx.load_from_string(package.global_onnx)).SerializeToString()
+    assert package.generator_onnx is not None
+    generator = onnx.load_from_string(package.generator_onnx)
+    generator.graph.node.append(helper.make_node("ConstantOfShape", ["huge"], ["zeros"]))
+    generator.graph.initializer.append(numpy_helper.from_array(np.array([4, 1 << 30], np.int64), "huge"))
+    # a Gemm bias of the wrong length passes shape inference; onnxruntime refuses it when it runs
+    short_bias = onnx.load_from_string(package.generator_onnx)
+    gemm = next(n for n in short_bias.graph.node if n.op_type == "Gemm" and len(n.input) == 3)
+    bias = next(i for i in short_bias.graph.initializer if i.name == gemm.input[2])
+    bias.CopyFrom(numpy_helper.from_array(np.zeros(3, np.float32), bias.name))
+    hostile = [
+        (wider, rf"the package is for {L + 1} classes .*knowledge {L + 1} columns.*for {L} of"),
+        (dataclasses.replace(package, global_onnx=looped), r"the package's global model: .*\(Loop\)"),
+        (
+            dataclasses.replace(package, generator_onnx=generator.SerializeToString()),
+            r"the package's generator: operators outside the allowlist: 'ConstantOfShape'",
+        ),
+        (
+            dataclasses.replace(package, generator_onnx=short_bias.SerializeToString()),
+            r"the package's generator failed on a batch of 8: .*Invalid bias shape",
+        ),
+    ]
+    config = PersonalizeConfig(
+        method="kdg",
+        kdg_terms=("pre", "tea"),
+        epochs=1,
+        batch_size=8,
+        calibration_size=8,
+        local_generator_steps=0,
+    )
+    for package, match in hostile:
+        with pytest.raises(BundleError, match=match):
+            personalize(data, bundle, package, tmp / "hostile", config=config)
+    assert not (tmp / "hostile" / "deploy.onnx").exists()
 
 
 def test_cli_runs_and_refuses_bad_knobs(federation, bundles, tmp_path, capsys):  # noqa: F811

@@ -19,10 +19,19 @@ from export.bundle import (
     Bundle,
     bundle_from_bytes,
     bundle_to_bytes,
+    client_names,
     read_bundle,
+    upgrade_bundle,
     write_bundle,
 )
-from profiles.errors import BundleError
+from export.wire import (
+    MAX_CLASSES,
+    MAX_DECODER_CLASSES,
+    MAX_EXAMPLES,
+    MAX_INPUT_ELEMENTS,
+    MAX_LATENT_DIM,
+)
+from profiles.errors import BundleError, ConfigError
 
 MODEL = b"\x08\x08fake-onnx-bytes" * 64
 
@@ -58,16 +67,35 @@ def _pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
+def _sort(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sort(value[k]) for k in sorted(value)}
+    return [_sort(v) for v in value] if isinstance(value, list) else value
+
+
+def _hash(wire: dict[str, Any]) -> str:
+    """The schema-2 hash from its definition: sha256 of the key-sorted msgpack of every field but sha256."""
+    body = _sort({k: v for k, v in wire.items() if k != "sha256"})
+    return hashlib.sha256(msgpack.packb(body, use_bin_type=True, use_single_float=False)).hexdigest()
+
+
+def _signed(wire: dict[str, Any]) -> bytes:
+    """``wire`` packed with a matching sha256, as a hostile writer would: the checks after the hash run."""
+    return _pack({**wire, "sha256": _hash(wire)})
+
+
 def test_round_trip_and_manifest() -> None:
     bundle = _bundle()
     back = bundle_from_bytes(bundle_to_bytes(bundle))
     assert back == bundle
-    assert back.sha256 == hashlib.sha256(MODEL).hexdigest()
+    assert back.model_sha256 == hashlib.sha256(MODEL).hexdigest()
+    assert back.sha256 == _wire(bundle)["sha256"] == _hash(_wire(bundle)) != back.model_sha256
     assert isinstance(back.input_shape, tuple) and isinstance(back.label_counts, tuple)
     assert back.metrics["val_accuracy"] == 0.1  # float64 on the wire: exact
     manifest = back.manifest()
     assert "model_onnx" not in manifest
     assert manifest["sha256"] == back.sha256 and manifest["model_onnx_size_bytes"] == len(MODEL)
+    assert manifest["model_sha256"] == back.model_sha256
     assert manifest["input_shape"] == [1, 8, 8] and manifest["schema_version"] == SCHEMA_VERSION
     assert json.loads(json.dumps(manifest)) == manifest
 
@@ -175,24 +203,69 @@ def test_flipped_model_byte_is_refused(tmp_path: Path) -> None:
     data[at] ^= 0x01
     path = tmp_path / "bad.bundle"
     path.write_bytes(bytes(data))
-    with pytest.raises(BundleError, match=r"bad\.bundle: model_onnx sha256 mismatch"):
+    with pytest.raises(BundleError, match=r"bad\.bundle: sha256 mismatch"):
         read_bundle(path)
+
+
+def _flip(data: bytes, old: bytes, new: bytes) -> bytes:
+    """``data`` with the one occurrence of ``old`` replaced by ``new`` (same length: still valid msgpack)."""
+    assert data.count(old) == 1 and len(old) == len(new)
+    return data.replace(old, new)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b"C8k3-P-F10", b"C8k3-P-F11"),  # arch
+        (b"0.1.0", b"0.1.1"),  # sdk_version
+        (b"raspberry-pi-4", b"raspberry-pi-5"),  # profile name
+        (b"\x93\x05\x00\x07", b"\x93\x05\x01\x07"),  # label_counts (5, 0, 7) -> (5, 1, 7)
+        (b"\xcb\x3f\xb9\x99\x99\x99\x99\x99\x9a", b"\xcb\x3f\xb9\x99\x99\x99\x99\x99\x9b"),  # metric 0.1
+        (b"\xa4\x6e\x6f\x74\x65\xc0", b"\xa4\x6e\x6f\x74\x65\xc2"),  # metrics note: None -> False
+    ],
+)
+def test_flipped_manifest_byte_is_refused(old: bytes, new: bytes) -> None:
+    """Schema 1 hashed the model only: these flips were accepted. Now the hash covers every field."""
+    data = bundle_to_bytes(_bundle())
+    assert msgpack.unpackb(_flip(data, old, new), raw=False) != _wire()  # the flip decodes to a change
+    with pytest.raises(BundleError, match=r"f\.bundle: sha256 mismatch: .* over the whole bundle"):
+        bundle_from_bytes(_flip(data, old, new), source="f.bundle")
+
+
+def _map(pairs: list[tuple[str, Any]], *, packed: bool = False) -> bytes:
+    """A msgpack map of ``pairs`` in this order, repeated keys included (a dict cannot hold them);
+    with ``packed`` the values are msgpack bytes already."""
+    values = b"".join(_pack(k) + (v if packed else _pack(v)) for k, v in pairs)
+    return msgpack.Packer().pack_map_header(len(pairs)) + values
+
+
+def test_repeated_keys_are_refused_at_every_level() -> None:
+    """msgpack keeps the last of two equal keys: a forged map could carry a second, matching sha256."""
+    forged = _wire(_bundle(metrics={"val_accuracy": 0.99}))
+    pairs = [(k, _wire()["sha256"] if k == "sha256" else v) for k, v in forged.items()]
+    with pytest.raises(BundleError, match=r"d\.bundle: a map in this bundle has the key 'sha256' twice"):
+        bundle_from_bytes(_map([*pairs, ("sha256", _hash(forged))]), source="d.bundle")
+    nested = _map([("val_accuracy", 0.1), ("val_accuracy", 0.9)])
+    pairs = [(k, nested if k == "metrics" else _pack(v)) for k, v in _wire().items()]
+    with pytest.raises(BundleError, match="has the key 'val_accuracy' twice"):
+        bundle_from_bytes(_map(pairs, packed=True))
 
 
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        (2, r"bundle schema 2 is newer than this SDK's 1; upgrade"),
-        (0, r"schema_version must be 1, got 0"),
-        (True, r"schema_version must be 1, got True"),
-        ("1", r"schema_version must be 1, got '1'"),
+        (3, r"bundle schema 3 is newer than this SDK's 2; upgrade"),
+        (1, r"bundle schema 1 is no longer read .* re-export the bundle with this SDK"),
+        (0, r"schema_version must be 2, got 0"),
+        (True, r"schema_version must be 2, got True"),
+        ("2", r"schema_version must be 2, got '2'"),
     ],
 )
 def test_schema_version_refused(version: Any, message: str) -> None:
     wire = _wire()
     wire["schema_version"] = version
     with pytest.raises(BundleError, match=message):
-        bundle_from_bytes(_pack(wire), source="up.bundle")
+        bundle_from_bytes(_signed(wire), source="up.bundle")
 
 
 def test_truncated_file_refused(tmp_path: Path) -> None:
@@ -225,35 +298,98 @@ def test_missing_file_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("num_classes", "3", "num_classes must be an int"),
-        ("num_classes", True, "num_classes must be an int"),
+        ("num_classes", "3", "num_classes must be an integer"),
+        ("num_classes", True, "num_classes must be an integer"),
+        ("num_classes", -1, "num_classes must be an integer"),
+        ("num_classes", 2**63, "num_classes must be an integer"),
         ("kind", "regressor", "kind must be one of"),
         ("model_onnx", "not bytes", "model_onnx must be bytes"),
         ("arch", 5, "arch must be a non-empty str"),
-        ("input_shape", [1, 8], "input_shape must be three positive ints"),
-        ("input_shape", [1, 0, 8], "input_shape must be three positive ints"),
-        ("input_shape", "1x8x8", "input_shape must be a sequence of ints"),
-        ("label_counts", [5, "0", 7], "label_counts must hold ints only"),
+        ("input_shape", [1, 8], r"input_shape must be three integers \(C, H, W\)"),
+        ("input_shape", [1, 0, 8], r"input_shape\[1\] must be an integer in \[1, "),
+        ("input_shape", [-1, 8, 8], r"input_shape\[0\] must be an integer in \[1, "),
+        ("input_shape", ["a", 8, 8], r"input_shape\[0\] must be an integer .* got 'a'"),
+        ("input_shape", [True, 8, 8], r"input_shape\[0\] must be an integer .* got True"),
+        ("input_shape", [1, 100_000, 100_000], r"C \* H \* W <= 1048576, got \[1, 100000, 100000\]"),
+        ("input_shape", [17, 8, 8], r"with C <= 16"),
+        ("input_shape", "1x8x8", "input_shape must be a list of integers"),
+        ("label_counts", [5, "0", 7], r"label_counts\[1\] must be an integer"),
+        ("label_counts", [5, True, 6], r"label_counts\[1\] must be an integer .* got True"),
         ("label_counts", [5, 7], "one entry per class"),
-        ("label_counts", [5, -1, 8], "label_counts must be >= 0"),
+        ("label_counts", [5, -1, 8], r"label_counts\[1\] must be an integer in \[0, "),
         ("num_examples", 13, r"sum\(label_counts\) must equal num_examples"),
+        ("num_examples", True, "num_examples must be an integer"),
         ("profile", {"max_flops": 1}, "profile must have a non-empty str 'name'"),
         ("profile", ["raspberry"], "profile must be a map"),
         ("metrics", {"history": [0.1, 0.2]}, r"metrics\['history'\] must be str, int, float, bool or None"),
         ("metrics", {"nested": {"a": 1}}, r"metrics\['nested'\]"),
-        ("seed", -1, "seed must be an int"),
-        ("seed", 1.5, "seed must be an int"),
+        ("seed", -1, "seed must be an integer"),
+        ("seed", 1.5, "seed must be an integer"),
+        ("seed", True, "seed must be an integer"),
         ("sdk_version", "", "sdk_version must be a non-empty str"),
-        ("sha256", "00" * 32, "sha256 mismatch"),
-        ("sha256", 12, "sha256 mismatch"),
         ("latent_dim", 8, "latent_dim is only for cvae_decoder"),
+        ("latent_dim", None, "latent_dim must be omitted when unset"),
     ],
 )
 def test_wrong_fields_refused(key: str, value: Any, message: str) -> None:
+    """What a writer that hashes its own bad fields (a hostile device) gets: the field checks."""
     wire = _wire()
     wire[key] = value
     with pytest.raises(BundleError, match=r"in\.bundle: .*" + message):
+        bundle_from_bytes(_signed(wire), source="in.bundle")
+
+
+@pytest.mark.parametrize("value", ["00" * 32, 12, None])
+def test_wrong_sha256_refused(value: Any) -> None:
+    wire = _wire()
+    wire["sha256"] = value
+    with pytest.raises(BundleError, match=r"in\.bundle: sha256 mismatch"):
         bundle_from_bytes(_pack(wire), source="in.bundle")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"latent_dim": True}, "latent_dim must be an integer"),
+        ({"latent_dim": MAX_LATENT_DIM + 1}, rf"latent_dim must be an integer in \[1, {MAX_LATENT_DIM}\]"),
+        ({"num_classes": True}, "num_classes of a cvae_decoder must be an integer"),
+    ],
+)
+def test_decoder_fields_refused_on_read(overrides: dict[str, Any], message: str) -> None:
+    wire = _wire(_bundle(kind="cvae_decoder", latent_dim=16))
+    wire.update(overrides)
+    with pytest.raises(BundleError, match=r"dec\.bundle: " + message):
+        bundle_from_bytes(_signed(wire), source="dec.bundle")
+
+
+def test_class_bounds_are_read_time_refusals() -> None:
+    """A decoder's classes cost the server an L x L one-hot matrix: 100,000 is refused before any of it."""
+    wide = [1] * MAX_DECODER_CLASSES
+    ok = _bundle(
+        kind="cvae_decoder", latent_dim=8, num_classes=len(wide), label_counts=wide, num_examples=len(wide)
+    )
+    assert bundle_from_bytes(bundle_to_bytes(ok)).num_classes == MAX_DECODER_CLASSES
+    wire = _wire(ok)
+    wire.update(num_classes=100_000, label_counts=[1] * 100_000, num_examples=100_000)
+    with pytest.raises(BundleError, match="not a readable bundle"):  # an array past MAX_CLASSES
+        bundle_from_bytes(_signed(wire))
+    wire.update(num_classes=MAX_DECODER_CLASSES + 1, label_counts=[1] * 1025, num_examples=1025)
+    with pytest.raises(
+        BundleError,
+        match=rf"num_classes of a cvae_decoder must be an integer in \[1, {MAX_DECODER_CLASSES}\]",
+    ):
+        bundle_from_bytes(_signed(wire))
+    wire = _wire()
+    wire.update(num_classes=MAX_CLASSES + 1)
+    with pytest.raises(
+        BundleError, match=rf"num_classes must be an integer in \[1, {MAX_CLASSES}\], got {MAX_CLASSES + 1}"
+    ):
+        bundle_from_bytes(_signed(wire))
+    with pytest.raises(BundleError, match=r"num_examples must be an integer in \[1, "):
+        _bundle(label_counts=(MAX_EXAMPLES, 0, 1), num_examples=MAX_EXAMPLES + 1)
+    assert _bundle(input_shape=(1, 1024, 1024)).input_shape == (1, 1024, 1024)  # MAX_INPUT_ELEMENTS exactly
+    with pytest.raises(BundleError, match=str(MAX_INPUT_ELEMENTS)):
+        _bundle(input_shape=(3, 1024, 1024))
 
 
 def test_missing_and_unknown_keys_refused() -> None:
@@ -273,11 +409,7 @@ def test_sizes_out_of_range_refused() -> None:
     with pytest.raises(BundleError, match="not a readable bundle"):
         bundle_from_bytes(_pack(wire))
     wire = _wire()
-    wire["num_classes"] = 100_001
-    with pytest.raises(BundleError, match=r"num_classes must be an int in \[1, 100000\]"):
-        bundle_from_bytes(_pack(wire))
-    wire = _wire()
-    wire["label_counts"] = [1] * 100_001
+    wire["label_counts"] = [1] * (MAX_CLASSES + 1)
     with pytest.raises(BundleError, match="not a readable bundle"):
         bundle_from_bytes(_pack(wire))
     wire = _wire()
@@ -298,17 +430,18 @@ def test_sizes_out_of_range_refused() -> None:
     ("overrides", "message"),
     [
         ({"kind": "cvae_decoder"}, "cvae_decoder bundle needs latent_dim"),
-        ({"kind": "cvae_decoder", "latent_dim": 0}, r"latent_dim must be an int in \[1, "),
+        ({"kind": "cvae_decoder", "latent_dim": 0}, r"latent_dim must be an integer in \[1, "),
         (
             {"kind": "cvae_decoder", "latent_dim": 8, "label_counts": (0, 0, 0), "num_examples": 0},
-            "num_examples must be an int",
+            "num_examples must be an integer",
         ),
-        ({"kind": "cvae_decoder", "latent_dim": 8, "label_counts": None}, "label_counts must be a sequence"),
-        ({"label_counts": None}, "label_counts must be a sequence"),
-        ({"label_counts": (0, 0, 0), "num_examples": 0}, r"num_examples must be an int in >= 1"),
-        ({"num_classes": 0}, r"num_classes must be an int in \[1, 100000\]"),
-        ({"input_shape": (1, 8, 8, 1)}, "three positive ints"),
-        ({"schema_version": 2}, "newer than this SDK"),
+        ({"kind": "cvae_decoder", "latent_dim": 8, "label_counts": None}, "label_counts must be a list"),
+        ({"label_counts": None}, "label_counts must be a list"),
+        ({"label_counts": (0, 0, 0), "num_examples": 0}, r"num_examples must be an integer in \[1, "),
+        ({"num_classes": 0}, rf"num_classes must be an integer in \[1, {MAX_CLASSES}\]"),
+        ({"input_shape": (1, 8, 8, 1)}, "input_shape must have at most 3 entries"),
+        ({"schema_version": 3}, "newer than this SDK"),
+        ({"schema_version": True}, "schema_version must be 2, got True"),
         ({"metrics": {"": 1}}, "metrics key must be a non-empty str"),
         ({"metrics": {"big": 2**64}}, "does not fit in 64 bits"),
         ({"metrics": {"arr": np.zeros(2)}}, r"metrics\['arr'\] must be str"),
@@ -373,3 +506,59 @@ def test_real_onnx_round_trip(tmp_path: Path) -> None:
     )
     back = read_bundle(write_bundle(_bundle(model_onnx=onnx_bytes), tmp_path / "t.bundle"))
     assert back.model_onnx == onnx_bytes and read_metadata(back.model_onnx)["arch"] == back.arch
+
+
+# --- schema 1 -> 2 upgrade --------------------------------------------------------------------------
+
+
+def _schema1(bundle: Bundle) -> bytes:
+    """A bundle as SDK schema 1 wrote it: the same map, sha256 over the ONNX bytes only."""
+    wire = _wire(bundle)
+    wire.update(schema_version=1, sha256=hashlib.sha256(bundle.model_onnx).hexdigest())
+    return msgpack.packb(_sort(wire), use_bin_type=True, use_single_float=False)
+
+
+def test_upgrade_rewrites_a_schema1_bundle_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "old.bundle"
+    path.write_bytes(_schema1(_bundle(kind="cvae_decoder", latent_dim=4)))
+    with pytest.raises(
+        BundleError, match=r"old\.bundle: bundle schema 1 is no longer read .*edge-sdk upgrade"
+    ):
+        read_bundle(path)
+    assert upgrade_bundle(path) is True
+    assert read_bundle(path) == _bundle(kind="cvae_decoder", latent_dim=4)
+    assert path.read_bytes() == bundle_to_bytes(_bundle(kind="cvae_decoder", latent_dim=4))
+    assert upgrade_bundle(path) is False  # already current: verified, untouched
+    assert os.listdir(tmp_path) == ["old.bundle"]
+
+
+def test_upgrade_refuses_what_schema1_would_have_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.bundle"
+    data = bytearray(_schema1(_bundle()))
+    data[bytes(data).index(MODEL) + 3] ^= 1  # a flipped model byte: schema 1's hash catches it
+    path.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=r"bad\.bundle: schema-1 model_onnx sha256 mismatch"):
+        upgrade_bundle(path)
+    path.write_bytes(_pack({**_wire(), "schema_version": 0}))
+    with pytest.raises(BundleError, match="only schema-1 bundles can be upgraded, got schema_version 0"):
+        upgrade_bundle(path)
+    wire = _wire()
+    wire.update(schema_version=1, sha256=hashlib.sha256(MODEL).hexdigest(), input_shape=[1, 8192, 8192])
+    path.write_bytes(_pack(wire))  # fine under schema 1's bounds, not under today's
+    with pytest.raises(BundleError, match=r"bad\.bundle: input_shape must be three integers"):
+        upgrade_bundle(path)
+    assert path.read_bytes() == _pack(wire)  # a refused upgrade writes nothing
+
+
+# --- output names -----------------------------------------------------------------------------------
+
+
+def test_client_names_never_collide() -> None:
+    assert client_names(["a/client_00.bundle", "a/client_01.bundle"]) == ["client_00", "client_01"]
+    names = client_names(["a/client_00.bundle", "b/client_00.bundle", "c/client_01.bundle"])
+    assert names == ["client_00-0", "client_00-1", "client_01"]
+    assert client_names(["a/X.bundle", "b/x.bundle"]) == ["X-0", "x-1"]  # case-insensitive file systems
+    with pytest.raises(ConfigError, match="more than once"):
+        client_names(["a/client_00.bundle", "a/../a/client_00.bundle"])
+    with pytest.raises(ConfigError, match=r"same output name \['c-1'\]"):
+        client_names(["a/c.bundle", "b/c.bundle", "c-1.bundle"])

@@ -18,6 +18,7 @@ from server_kit.aggregate import SYNTHETIC_FILE, AggregateConfig, aggregate, loa
 from server_kit.distill import DistillConfig
 from server_kit.inversion import InversionConfig
 from server_kit.labels import LabelConfig
+from server_kit.teachers import load_teachers
 
 SHAPE = (1, 8, 8)
 L = 3
@@ -181,7 +182,11 @@ def test_presets():
     assert paper.labels.rule == "mean" and not paper.checks_claims  # pFedZKD as printed
     assert default.labels == LabelConfig(rule="label-weighted", mask=False, drop_mismatch=True)
     assert default.checks_claims and default.generator.ens_weight == 1.0
-    assert default.synth == ("inversion", "generator") and default.inversion.bn_weight == 1.0
+    assert default.synth is None and default.inversion.bn_weight == 1.0
+    assert default.sources(False) == ("inversion", "generator")  # decoders join when there are any
+    assert default.sources(True) == ("inversion", "decoder", "generator")  # SOURCES order
+    assert default.construction_labels == ("decoder",)
+    assert paper.sources(True) == ("inversion",)
     assert dataclasses.replace(default, hard_labels=True).use_hard_labels
     with pytest.raises(ConfigError, match="unknown aggregate preset"):
         AggregateConfig.preset("slow")
@@ -204,3 +209,68 @@ def test_grid_rows_follow_the_consensus_argmax():
     np.testing.assert_allclose(cells / 255, expected, atol=1 / 255)
     with pytest.raises(ConfigError, match="probs"):
         grid_png(x, probs[:3])
+
+
+def _wrong_head_bundle(tmp_path) -> str:
+    """A teacher whose ONNX gives 4 logits while its manifest says 3 classes: it loads (the converter
+    reproduces onnxruntime exactly) and used to abort the run in the labelling phase."""
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        model = build_model("C4k3-P-F4", SHAPE, 4).eval()
+    bundle = Bundle(
+        kind="classifier",
+        model_onnx=export_onnx(model, SHAPE, metadata={"arch": "C4k3-P-F4"}),
+        arch="C4k3-P-F4",
+        num_classes=L,
+        input_shape=SHAPE,
+        label_counts=[2, 2, 2],
+        num_examples=6,
+        profile={"name": "test-device"},
+        metrics={},
+        seed=5,
+        sdk_version="test",
+    )
+    return str(write_bundle(bundle, tmp_path / "wrong_head.bundle"))
+
+
+def test_a_teacher_with_the_wrong_head_is_skipped_or_stops_the_run(tmp_path, bundles):
+    odd = _wrong_head_bundle(tmp_path)
+    with pytest.raises(TeacherError, match=r"wrong_head\.bundle: .*\b4\b.*\b3\b"):
+        aggregate([*bundles, odd], tmp_path / "stop", config=tiny_config())
+    result = aggregate([odd, *bundles], tmp_path / "skip", config=tiny_config(on_error="skip"))
+    assert [s["file"] for s in result.report["skipped"]] == [odd]
+    assert [t["arch"] for t in result.report["teachers"]] == list(SPECS)
+
+
+class _Broken(torch.nn.Module):
+    """A loaded teacher that misbehaves only when run: one logit too many, or NaN."""
+
+    def __init__(self, module: torch.nn.Module, mode: str) -> None:
+        super().__init__()
+        self.module, self.mode = module, mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.module(x)
+        if self.mode == "extra":
+            return torch.cat([out, out[:, :1]], dim=1)
+        return out * float("nan")
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"), [("extra", r"outputs shape \(2, 4\)"), ("nan", "outputs non-finite")]
+)
+def test_the_run_probes_every_teacher_before_any_phase(tmp_path, bundles, monkeypatch, mode, reason):
+    """Whatever the loader lets through, the run charges a failing teacher to its bundle up front."""
+    import server_kit.aggregate as agg
+
+    def load(paths, **kwargs):
+        teachers, skipped = load_teachers(paths, **kwargs)
+        broken = dataclasses.replace(teachers[1], module=_Broken(teachers[1].module, mode))
+        return [teachers[0], broken, *teachers[2:]], skipped
+
+    monkeypatch.setattr(agg, "load_teachers", load)
+    with pytest.raises(TeacherError, match=r"client_1\.bundle: " + reason):
+        aggregate(bundles, tmp_path / "stop", config=tiny_config())
+    result = aggregate(bundles, tmp_path / "skip", config=tiny_config(on_error="skip"))
+    assert [s["file"] for s in result.report["skipped"]] == [bundles[1]]
+    assert [t["arch"] for t in result.report["teachers"]] == [SPECS[0], SPECS[2]]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+import onnx
 import pytest
 import torch
 from torch import nn
@@ -15,8 +16,10 @@ from edge_sdk.client import TrainedCVAE, bundle_cvae
 from edge_sdk.cvae import Decoder, build_cvae
 from export.bundle import Bundle, bundle_from_bytes, bundle_to_bytes, read_bundle
 from export.onnx_export import onnx_session
+from export.wire import canonical_sha256
 from profiles import load_profile
 from profiles.errors import BundleError, ConfigError, TeacherError
+from server_kit import decoders as decoders_module
 from server_kit.decoders import (
     OnnxDecoder,
     allocate_samples,
@@ -24,6 +27,7 @@ from server_kit.decoders import (
     load_decoder,
     sample_decoders,
 )
+from tests.export.test_onnx_check import external_weight, loop_in_front
 
 SHAPE = (1, 6, 6)
 COUNTS = (3, 0, 5, 2)
@@ -77,11 +81,36 @@ def test_load_decoder_falls_back_to_onnxruntime(tmp_path: Path) -> None:
     assert isinstance(decoder, OnnxDecoder)
     z, y = torch.zeros(2, 3), torch.eye(4)[:2]
     np.testing.assert_array_equal(decoder(z, y).numpy(), _ort(bundle, z, y))
-    # The ONNX makes 6x6 images, the bundle says 5x5: the rebuild (weights of the wrong size) and the
-    # onnxruntime path (wrong output shape) both refuse.
+    # The ONNX makes 6x6 images, the bundle says 5x5: the load-time contract refuses it before either
+    # path builds or runs anything.
     wrong = dataclasses.replace(bundle, arch="cvae-small-z3", input_shape=(1, 5, 5))
-    with pytest.raises(TeacherError, match=r"cannot load the decoder \(rebuilt: .*onnxruntime: "):
+    with pytest.raises(
+        TeacherError, match=r"output 'x' is float32 \[1, 1, 6, 6\] .*expected float32 \[1, 1, 5, 5\]"
+    ):
         load_decoder(wrong)
+
+
+def test_hostile_decoders_are_refused_before_anything_is_built_or_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = read_bundle(decoder_bundle(tmp_path))
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a file that fails the contract must not be rebuilt or run")
+
+    for name in ("build_cvae", "initializer_state_dict", "onnx_session"):
+        monkeypatch.setattr(decoders_module, name, never)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.bin").write_bytes(bytes(1 << 16))
+    secret = onnx.load_from_string(bundle.model_onnx)
+    external_weight(secret, "secret.bin")
+    looped = loop_in_front(onnx.load_from_string(bundle.model_onnx))
+    for model, match in ((secret, r"external file \('secret\.bin'\)"), (looped, r"graph attribute 'body'")):
+        hostile = dataclasses.replace(bundle, model_onnx=model.SerializeToString())
+        with pytest.raises(TeacherError, match=match):
+            load_decoder(hostile)
+        with pytest.raises(TeacherError, match=match):
+            OnnxDecoder(hostile.model_onnx, latent_dim=3, num_classes=4, output_shape=SHAPE)
 
 
 def test_load_decoder_refuses_classifiers(tmp_path: Path) -> None:
@@ -98,6 +127,7 @@ def test_bundle_refuses_decoder_without_latent_dim_or_label_counts(tmp_path: Pat
     wire = msgpack.unpackb(bundle_to_bytes(bundle), raw=False)
     for key in ("label_counts", "latent_dim"):
         broken = {k: v for k, v in wire.items() if k != key}
+        broken["sha256"] = canonical_sha256(broken)  # as a writer that hashes its own mistake would
         with pytest.raises(BundleError, match=key):
             bundle_from_bytes(msgpack.packb(broken, use_bin_type=True))
 

@@ -63,7 +63,9 @@ def test_pooled_inversion_and_decoder_samples_get_consensus_labels(tmp_path, bun
 
 def test_config_refusals(tmp_path, bundles):  # noqa: F811
     with pytest.raises(ConfigError, match="add 'decoder'"):
-        AggregateConfig(fusion=FUSION)
+        AggregateConfig(synth=("inversion",), fusion=FUSION)
+    with pytest.raises(ConfigError, match="pass cvae_decoder bundles"):  # the default adds no decoder here
+        aggregate(bundles, tmp_path, config=tiny_config(synth=None, fusion=FUSION))
     with pytest.raises(ConfigError, match="decoder_keep"):
         AggregateConfig(synth=("decoder",), decoder_keep=0.0)
     with pytest.raises(ConfigError, match="needs cvae_decoder bundles"):

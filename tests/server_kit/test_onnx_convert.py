@@ -17,8 +17,10 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
+from export.onnx_check import ALLOWED_OPS
 from profiles.errors import TeacherError
 from server_kit.onnx_convert import SUPPORTED_OPS, OnnxModule, convert_onnx
+from tests.export.test_onnx_check import external_weight, loop_in_front
 
 
 class _SqueezeExcite(nn.Module):
@@ -269,3 +271,28 @@ def test_converted_module_copies_and_pickles(small_net: nn.Module) -> None:
         assert isinstance(clone, OnnxModule)
         assert torch.equal(clone(x), want)
     assert set(module.state_dict()) == set(copy.deepcopy(module).state_dict())
+
+
+def test_every_supported_operator_is_allowed_by_the_load_time_contract() -> None:
+    assert set(SUPPORTED_OPS) <= ALLOWED_OPS
+
+
+def test_hostile_files_are_refused_before_a_tensor_is_read(tmp_path, monkeypatch) -> None:
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Flatten", ["x"], ["f"]), helper.make_node("Gemm", ["f", "w"], ["y"], transB=1)]
+    model_bytes = _graph(nodes, {"w": rng.standard_normal((3, 4)).astype(np.float32)}, ["N", 4], 2, 18)
+    assert convert_onnx(model_bytes)(torch.ones(2, 4)).shape == (2, 3)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.bin").write_bytes(np.arange(12, dtype=np.float32).tobytes())
+    secret = onnx.load_from_string(model_bytes)
+    external_weight(secret, "secret.bin")
+    with pytest.raises(TeacherError, match=r"external file \('secret\.bin'\)"):
+        convert_onnx(secret.SerializeToString())
+    with pytest.raises(TeacherError, match=r"\(Loop\) has a graph attribute 'body'"):
+        convert_onnx(loop_in_front(onnx.load_from_string(model_bytes)).SerializeToString())
+    blown = onnx.load_from_string(model_bytes)
+    blown.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 1 << 24  # x: N x 16 M
+    with pytest.raises(
+        TeacherError, match=r"ONNX input 'x' has shape \[N, 16777216\], expected \[batch, static"
+    ):
+        convert_onnx(blown.SerializeToString())

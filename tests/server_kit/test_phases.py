@@ -63,6 +63,27 @@ def test_label_phase_uses_the_rule_and_the_trusted_counts(tmp_path, fed):
     )
 
 
+def test_constructed_samples_keep_their_class_and_the_vote_still_drops_them(tmp_path, fed):
+    config = tiny_config(verify_claims=False)
+    synthesis = synthesize(fed, config, tmp_path)
+    n = len(synthesis.synthetic)
+    # pretend the inversion part came from decoders: labelled by construction, kept by the teachers' vote
+    as_decoded = dataclasses.replace(synthesis, parts={"decoder": synthesis.parts["inversion"]})
+    voted = label(fed, synthesis, config)
+    built = label(fed, as_decoded, dataclasses.replace(config, construction_labels=("decoder",)))
+    assert torch.equal(
+        built.targets, torch.nn.functional.one_hot(synthesis.synthetic.target_class, L).float()
+    )
+    assert torch.equal(built.keep, voted.keep)  # drop_mismatch: the same samples go
+    assert built.report["by_construction"] == n and built.report["by_construction_kept"] == int(
+        voted.keep.sum()
+    )
+    kept_all = dataclasses.replace(config, labels=LabelConfig(drop_mismatch=False))
+    assert label(fed, as_decoded, kept_all).keep.all()
+    with pytest.raises(ConfigError, match="construction_labels"):
+        tiny_config(construction_labels=("decoders",))
+
+
 def test_train_global_distils_on_the_kept_samples_only(tmp_path, fed):
     config = tiny_config(verify_claims=False)
     synthesis = synthesize(fed, config, tmp_path)

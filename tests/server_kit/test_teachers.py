@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from torch import nn
@@ -25,6 +26,7 @@ from server_kit.teachers import (
     load_teachers,
     rebuild_teacher,
 )
+from tests.export.test_onnx_check import external_weight, loop_in_front
 
 ARCH = "C8k3-P-C16k3-Pavg-F32-F10"
 SHAPE = (3, 12, 12)
@@ -160,6 +162,42 @@ def _write(tmp_path: Path, name: str, bundle: Bundle) -> Path:
     return write_bundle(bundle, tmp_path / name)
 
 
+def test_the_contract_refuses_hostile_onnx_before_anything_is_built_or_run(
+    tmp_path: Path, bundle: Bundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """11 logits against a manifest of 10, a Loop of 2**62 iterations in front, weights read from
+    ./secret.bin: each is refused naming the file, and nothing of it is rebuilt, converted or run."""
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a file that fails the contract must not be rebuilt, converted or run")
+
+    for name in ("rebuild_teacher", "convert_onnx", "onnx_session"):
+        monkeypatch.setattr(teachers_module, name, never)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secret.bin").write_bytes(bytes(1 << 16))
+    eleven = export_onnx(_trained_like("C8k3-P-C16k3-Pavg-F32-F11", num_classes=11), SHAPE)
+    looped = loop_in_front(onnx.load_from_string(bundle.model_onnx)).SerializeToString()
+    secret = onnx.load_from_string(bundle.model_onnx)
+    external_weight(secret, "secret.bin")
+    hostile = {
+        "eleven.bundle": (
+            eleven,
+            r"output 'logits' is float32 \[1, 11\] at batch 1, expected float32 \[1, 10\]",
+        ),
+        "looped.bundle": (looped, r"\(Loop\) has a graph attribute 'body'"),
+        "secret.bundle": (secret.SerializeToString(), r"external file \('secret\.bin'\)"),
+    }
+    for name, (model_onnx, match) in hostile.items():
+        path = _write(tmp_path, name, dataclasses.replace(bundle, model_onnx=model_onnx))
+        with pytest.raises(TeacherError, match=rf"{name}: .*{match}"):
+            load_teachers([path])
+    with pytest.raises(
+        TeacherError, match=r"no teacher could be loaded from 3 bundle.*external file"
+    ) as info:
+        load_teachers([tmp_path / name for name in hostile], on_error="skip")
+    assert str(info.value).count("fix: ") >= 3  # every skipped file says how to fix it
+
+
 def test_mismatched_class_counts_name_the_odd_file(tmp_path: Path, bundle: Bundle) -> None:
     ten = _write(tmp_path, "ten.bundle", bundle)
     five = _write(
@@ -189,7 +227,7 @@ def test_unloadable_model_and_other_kinds(tmp_path: Path, bundle: Bundle) -> Non
     decoder = _write(
         tmp_path, "decoder.bundle", dataclasses.replace(bundle, kind="cvae_decoder", latent_dim=4)
     )
-    with pytest.raises(TeacherError, match=r"garbage\.bundle: cannot load the teacher"):
+    with pytest.raises(TeacherError, match=r"garbage\.bundle: not a valid ONNX model"):
         load_teachers([good, garbage])
     teachers, skipped = load_teachers([decoder, good, garbage], on_error="skip")
     assert len(teachers) == 1 and isinstance(teachers[0], Teacher)
