@@ -58,9 +58,11 @@ def row(name: str) -> str:
     mix = f"{kinds.count('classifier')}+{kinds.count('cvae_decoder')}"
     synth_min = sum(sec.get(f"server_{k}", 0) for k in ("inversion", "generator", "decoder")) / 60
     train_min = (sec.get("server_distill", 0) + sec.get("server_fusion", 0)) / 60
+    # synth None (the default since the decoders): the sources the server report says it ran
+    synth = cfg["aggregate"]["synth"] or list(report.get("synthetic_sources", {})) or ["auto"]
     return (
         f"| {name} | {cfg['alpha']} | {cfg['search']['strategy']} | {mix} | "
-        f"{'+'.join(cfg['aggregate']['synth'])} ({results['synthetic_size']}) | {training} | "
+        f"{'+'.join(synth)} ({results['synthetic_size']}) | {training} | "
         f"{100 * results['global_accuracy']:.2f} | "
         f"{100 * results['mean_client_test_accuracy']:.2f} | {cand} | {sec['clients'] / 60:.1f} | "
         f"{synth_min:.1f} | {train_min:.1f} | {server / 60:.1f} | "

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_sdk.client import ClientConfig, run_client
+from edge_sdk.client import ClientConfig, decoder_bundle_path, run_client
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.search import SearchConfig
 from export.atomic import atomic_write_json
@@ -135,7 +135,6 @@ def _run_one(data_path: str, bundle_path: str, profile_name: str, config: Client
 def _finished(bundle_path: Path, client_config: dict[str, Any]) -> bool:
     """A client is done when its report (written last, atomically) was made with the same client settings
     and every bundle it names reads back cleanly; a client made with other settings runs again."""
-    from edge_sdk.client import decoder_bundle_path
     from export.bundle import read_bundle
 
     report_path = bundle_path.with_name(bundle_path.name + ".report.json")
@@ -155,8 +154,6 @@ def _finished(bundle_path: Path, client_config: dict[str, Any]) -> bool:
 
 def _uploads(bundle_path: Path) -> list[Path]:
     """The bundles one finished client uploads: its classifier or decoder, and the decoder of ``both``."""
-    from edge_sdk.client import decoder_bundle_path
-
     decoder = decoder_bundle_path(bundle_path)
     report = json.loads(bundle_path.with_name(bundle_path.name + ".report.json").read_text(encoding="utf-8"))
     return [bundle_path, decoder] if report.get("role") == "both" else [bundle_path]

@@ -7,7 +7,7 @@ import pytest
 from export.bundle import read_bundle
 from profiles.errors import ConfigError
 from server_kit.cli import main
-from server_kit.simulate import assign_profiles
+from server_kit.simulate import _finished, _uploads, assign_profiles
 
 TINY = [
     "simulate", "--dataset", "digits", "--num-clients", "3", "--alpha", "1.0", "--seed", "0", "--quiet",
@@ -78,6 +78,24 @@ def test_rerun_resumes_finished_clients(federation):
     assert again["resumed_clients"] == 3
     assert {p.name: p.read_bytes() for p in (out / "clients").glob("*.bundle")} == before
     assert again["global_accuracy"] == pytest.approx(results["global_accuracy"])
+
+
+def test_classifier_devices_upload_a_decoder_and_a_resume_checks_the_settings(federation):
+    out, _ = federation
+    clients = out / "clients"
+    # every profile here fits a digits CVAE beside its classifier (role auto -> both)
+    assert all((clients / f"client_{k:02d}.decoder.bundle").is_file() for k in range(3))
+    assert read_bundle(clients / "client_00.decoder.bundle").kind == "cvae_decoder"
+    assert _uploads(clients / "client_00.bundle") == [
+        clients / "client_00.bundle",
+        clients / "client_00.decoder.bundle",
+    ]
+    recorded = json.loads((clients / "client_00.bundle.report.json").read_text())["config"]
+    assert _finished(clients / "client_00.bundle", recorded)
+    assert not _finished(clients / "client_00.bundle", {**recorded, "seed": recorded["seed"] + 1})
+    (clients / "client_01.decoder.bundle").write_bytes(b"torn")  # a broken upload is redone
+    recorded = json.loads((clients / "client_01.bundle.report.json").read_text())["config"]
+    assert not _finished(clients / "client_01.bundle", recorded)
 
 
 def test_profile_assignment(tmp_path):
