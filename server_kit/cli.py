@@ -69,6 +69,11 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
         help="sources whose samples keep the class they were made for instead of the teachers' vote "
         "(default: decoder; 'none' for the vote everywhere)",
     )
+    g.add_argument(
+        "--construction-weight",
+        type=float,
+        help="weight of the class in a constructed sample's target, the rest the teachers' vote (default 1)",
+    )
     g.add_argument("--decoder-samples", type=int, help="images decoded from the CVAE decoders (paper: 6000)")
     g.add_argument("--decoder-keep", type=float, help="fraction kept nearest each class centroid (R_th 0.8)")
     g.add_argument(
@@ -185,7 +190,7 @@ def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateCon
     gen = _with_knobs(base.generator, args, GENERATOR_KNOBS)
     labels = _with_knobs(base.labels, args, LABEL_KNOBS)
     names = ["student", "synth", "hard_labels", "on_error", "threads", "verify_claims"]
-    top = overrides(args, [*names, "decoder_samples", "decoder_keep", "fedavg_init"])
+    top = overrides(args, [*names, "decoder_samples", "decoder_keep", "fedavg_init", "construction_weight"])
     if args.construction_labels is not None:
         text = args.construction_labels.strip()
         top["construction_labels"] = () if text == "none" else text

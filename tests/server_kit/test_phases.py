@@ -70,7 +70,8 @@ def test_constructed_samples_keep_their_class_and_the_vote_still_drops_them(tmp_
     # pretend the inversion part came from decoders: labelled by construction, kept by the teachers' vote
     as_decoded = dataclasses.replace(synthesis, parts={"decoder": synthesis.parts["inversion"]})
     voted = label(fed, synthesis, config)
-    built = label(fed, as_decoded, dataclasses.replace(config, construction_labels=("decoder",)))
+    one_hot = dataclasses.replace(config, construction_labels=("decoder",), construction_weight=1.0)
+    built = label(fed, as_decoded, one_hot)
     assert torch.equal(
         built.targets, torch.nn.functional.one_hot(synthesis.synthetic.target_class, L).float()
     )
@@ -78,10 +79,14 @@ def test_constructed_samples_keep_their_class_and_the_vote_still_drops_them(tmp_
     assert built.report["by_construction"] == n and built.report["by_construction_kept"] == int(
         voted.keep.sum()
     )
-    kept_all = dataclasses.replace(config, labels=LabelConfig(drop_mismatch=False))
+    blend = label(fed, as_decoded, dataclasses.replace(one_hot, construction_weight=0.25))
+    torch.testing.assert_close(blend.targets, 0.25 * built.targets + 0.75 * voted.targets)
+    kept_all = dataclasses.replace(one_hot, labels=LabelConfig(drop_mismatch=False))
     assert label(fed, as_decoded, kept_all).keep.all()
     with pytest.raises(ConfigError, match="construction_labels"):
         tiny_config(construction_labels=("decoders",))
+    with pytest.raises(ConfigError, match="construction_weight"):
+        tiny_config(construction_weight=1.5)
 
 
 def test_train_global_distils_on_the_kept_samples_only(tmp_path, fed):
