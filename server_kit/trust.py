@@ -36,7 +36,7 @@ from torch import nn
 
 from profiles.errors import ConfigError
 from server_kit.inversion import SyntheticSet
-from server_kit.labels import class_shares, teacher_probs
+from server_kit.labels import class_shares, consensus, teacher_probs
 
 __all__ = ["ClaimCheck", "verify_claims", "verify_decoders"]
 
@@ -176,8 +176,8 @@ def verify_decoders(
         decoder.eval()
         x = decoder(z.to(dev), onehot.to(dev)).float().clamp(0, 1).cpu()
         decoder.train(was_training)
-        vote = sum(teacher_probs(m, x, tau=1.0, device=device) * shares[k] for k, m in enumerate(modules))
-        says = vote.argmax(1) == y  # type: ignore[union-attr]
+        vote = consensus(modules, x, tau=1.0, class_weights=shares, device=device)  # label-weighted
+        says = vote.argmax(1) == y
         for c in claimed:
             scores[d][c] = float(says[y == c].double().mean())
     rejected: list[tuple[int, int]] = []
