@@ -32,8 +32,17 @@ import torch
 from edge_sdk.data import load_client_data
 from edge_sdk.train import to_float
 from export.atomic import atomic_write_json
+from server_kit.abstain import own_probability
 from server_kit.adversarial import AdversarialConfig
-from server_kit.aggregate import AggregateConfig, Federation, label, split_kinds, synthesize, train_global
+from server_kit.aggregate import (
+    AggregateConfig,
+    Federation,
+    label,
+    split_kinds,
+    synthesize,
+    top_up,
+    train_global,
+)
 from server_kit.labels import class_shares, held_classes
 from server_kit.teachers import load_teachers
 
@@ -83,13 +92,17 @@ def variant_config(spec: str, seed: int) -> tuple[str, AggregateConfig]:
 def ceilings(fed: Federation, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     """The teacher ensemble on real test images (evaluation only: nothing here reaches the student).
 
-    Each teacher runs once over the test set; the rules are combinations of the same logits.
+    Each teacher runs once over the test set; the rules are combinations of the same logits. With
+    teachers that can abstain (an "unknown" output), ``label_weighted_abstain`` also weighs each vote by
+    the teacher's probability that the image is one of its classes (what the labels do by default).
     """
     shares = class_shares(fed.label_counts).double()  # K x L
     held = held_classes(fed.label_counts)  # K x L
-    logits = torch.stack(
-        [torch.cat([m(x[i : i + 1024]).double() for i in range(0, len(x), 1024)]) for m in fed.modules]
-    )  # K x N x L
+    parts = [[own_probability(m, x[i : i + 1024]) for i in range(0, len(x), 1024)] for m in fed.modules]
+    logits = torch.stack([torch.cat([lg.double() for lg, _ in p]) for p in parts])  # K x N x L
+    own = torch.stack(
+        [torch.cat([torch.ones(len(lg)) if o is None else o for lg, o in p]).double() for p in parts]
+    )  # K x N
     probs = logits.softmax(dim=2)
     masked = logits.masked_fill(~held.unsqueeze(1), -torch.inf).softmax(dim=2)
     rules = {
@@ -97,6 +110,8 @@ def ceilings(fed: Federation, x: torch.Tensor, y: torch.Tensor) -> dict[str, flo
         "label_weighted": (probs * shares.unsqueeze(1)).sum(0),
         "label_weighted_masked": (masked * shares.unsqueeze(1)).sum(0),
     }
+    if any(o is not None for p in parts for _, o in p):
+        rules["label_weighted_abstain"] = (probs * shares.unsqueeze(1) * own.unsqueeze(2)).sum(0)
     out = {name: float((p.argmax(1) == y).float().mean()) for name, p in rules.items()}
     out["oracle"] = float((logits.argmax(2) == y).any(0).float().mean())
     return out
@@ -171,6 +186,7 @@ def main() -> None:
         t_synth = time.perf_counter() - t0
         t0 = time.perf_counter()
         labels = label(fed, synthesis, config)
+        synthesis, labels = top_up(fed, synthesis, labels, config)
         t_label = time.perf_counter() - t0
         training = train_global(fed, synthesis, labels, config, teachers=teachers)
         per_class = per_class_accuracy(training.student, x_test, y_test, fed.num_classes)

@@ -159,6 +159,15 @@ def add_cvae_args(p: argparse.ArgumentParser) -> None:
     add_cvae_knobs(p)
 
 
+def add_unknown_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--unknown-output",
+        action="store_true",
+        help="FedOV: train the classifier with an extra 'none of my classes' output on corrupted local "
+        "images, so the server can tell when it does not know a sample",
+    )
+
+
 def add_cvae_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cvae-preset", default="fast", help="CVAE preset: fast (default) or a dataset name")
     p.add_argument("--cvae-model", choices=["cvae-small", "cvae-large"], help="CVAE architecture")
@@ -277,6 +286,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         seed=args.seed,
         device=args.device,
         progress=not args.quiet,
+        unknown_output=args.unknown_output,
     )
     save_trained_model(trained, args.out)
     print(f"{trained.arch}: val accuracy {trained.metrics['val_accuracy']:.4f}; wrote {args.out}")
@@ -305,6 +315,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         progress=not args.quiet,
         role=args.role,
         cvae=cvae_config(args),
+        unknown_output=args.unknown_output,
     )
     result = run_client(load_data(args), profile=load_profile(args.profile), config=config, out=args.out)
     m = result.metrics
@@ -460,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", required=True, type=out_file, help="model .onnx to write")
+    add_unknown_arg(p)
 
     p = command("export", cmd_export, "wrap a model from `edge-sdk train` into a client bundle")
     p.add_argument("--model", required=True, help="model .onnx written by `edge-sdk train`")
@@ -473,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
     add_search_args(p)
     add_cvae_args(p)
+    add_unknown_arg(p)
 
     p = command(
         "personalize",

@@ -78,6 +78,9 @@ class ClientConfig:
     progress: bool = False
     role: str = "auto"
     cvae: CVAEConfig = field(default_factory=CVAEConfig)
+    # the classifier gets an extra "unknown" output trained on corrupted local images (FedOV), so the
+    # server can weigh it by how sure it is that a sample is one of its classes (server_kit.abstain)
+    unknown_output: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.val_fraction < 1.0:
@@ -88,9 +91,20 @@ class ClientConfig:
             raise ConfigError(f"role must be one of {CLIENT_ROLES}, got {self.role!r}")
         if not isinstance(self.cvae, CVAEConfig):
             raise ConfigError(f"cvae must be a CVAEConfig, got {type(self.cvae).__name__}")
+        if not isinstance(self.unknown_output, bool):
+            raise ConfigError(f"unknown_output must be a bool, got {self.unknown_output!r}")
+        if self.unknown_output and self.role == "cvae":
+            raise ConfigError("unknown_output is a classifier option; role 'cvae' trains no classifier")
+        if self.unknown_output and self.search.supernet is not None:
+            raise ConfigError(
+                "unknown_output needs a classifier trained from scratch; a supernet subnet starts from "
+                "weights with num_classes outputs: drop --supernet or --unknown-output"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The settings a client report records (and a resume compares). ``unknown_output`` is written
+        only when set, so the reports of clients made before it existed still match their settings."""
+        out = {
             "search": dataclasses.asdict(self.search),
             "val_fraction": self.val_fraction,
             "seed": self.seed,
@@ -98,6 +112,7 @@ class ClientConfig:
             "role": self.role,
             "cvae": self.cvae.to_dict(),
         }
+        return out | ({"unknown_output": True} if self.unknown_output else {})
 
 
 @dataclass(frozen=True)
@@ -111,6 +126,7 @@ class TrainedModel:
     label_counts: tuple[int, ...]
     num_examples: int
     metrics: dict[str, Any]
+    unknown_output: bool = False  # the module has num_classes + 1 outputs, the last "unknown"
 
 
 @dataclass(frozen=True)
@@ -239,26 +255,31 @@ def train_final(
     device: str = "cpu",
     progress: bool = False,
     init: torch.nn.Module | None = None,
+    unknown_output: bool = False,
 ) -> TrainedModel:
     """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
 
     ``init`` (a module of exactly this architecture, e.g. a subnet extracted from a supernet) is
-    fine-tuned instead of a freshly initialised model; it is trained in place.
+    fine-tuned instead of a freshly initialised model; it is trained in place. ``unknown_output`` adds
+    the "none of my classes" output (:mod:`edge_sdk.outliers`); the validation accuracy then counts an
+    image called unknown as wrong.
     """
     spec = parse_arch(arch)
     num_classes = train_split.num_classes
+    if init is not None and unknown_output:
+        raise ConfigError("unknown_output trains a fresh model; an init module has no unknown output")
     if init is not None:
         model = init
     else:
         with torch.random.fork_rng():  # seeded weight init without touching the caller's global RNG
             torch.manual_seed(seed)
-            model = build_model(spec, train_split.input_shape, num_classes)
+            model = build_model(spec, train_split.input_shape, num_classes + int(unknown_output))
     dev = resolve_device(device)
     start = time.perf_counter()
     losses = train(
         model,
         train_split,
-        config=TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size),
+        config=TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, unknown_output=unknown_output),
         seed=seed,
         device=dev,
         progress=progress,
@@ -282,6 +303,7 @@ def train_final(
         label_counts=tuple(train_split.label_counts()),
         num_examples=len(train_split),
         metrics=metrics,
+        unknown_output=unknown_output,
     )
 
 
@@ -298,6 +320,7 @@ def save_trained_model(trained: TrainedModel, path: str | Path) -> Path:
         "label_counts": json.dumps(list(trained.label_counts)),
         "num_examples": str(trained.num_examples),
         "metrics": json.dumps(trained.metrics, sort_keys=True),
+        "unknown_output": json.dumps(trained.unknown_output),
         "sdk_version": __version__,
         "producer": "edge_sdk.train",
     }
@@ -316,12 +339,15 @@ def load_trained_model(path: str | Path) -> tuple[TrainedModel, bytes]:
         label_counts = tuple(json.loads(meta["label_counts"]))
         num_examples = int(meta["num_examples"])
         metrics = json.loads(meta["metrics"])
+        unknown_output = json.loads(meta.get("unknown_output", "false"))  # absent before FedOV
+        if not isinstance(unknown_output, bool):
+            raise ValueError(f"unknown_output must be true or false, got {unknown_output!r}")
     except (KeyError, ValueError) as err:
         raise ConfigError(
             f"{path} is not a model written by `edge-sdk train` (missing metadata {err}); "
             "train it with the SDK"
         ) from err
-    module = build_model(arch, input_shape, num_classes)  # type: ignore[arg-type]
+    module = build_model(arch, input_shape, num_classes + int(unknown_output))  # type: ignore[arg-type]
     module.load_state_dict(initializer_state_dict(data, module), strict=True)
     trained = TrainedModel(
         module=module.eval(),
@@ -331,6 +357,7 @@ def load_trained_model(path: str | Path) -> tuple[TrainedModel, bytes]:
         label_counts=label_counts,
         num_examples=num_examples,
         metrics=metrics,
+        unknown_output=unknown_output,
     )
     return trained, data
 
@@ -368,6 +395,7 @@ def bundle_model(
         metrics=metrics,
         seed=seed,
         sdk_version=__version__,
+        unknown_output=trained.unknown_output,
     )
     write_bundle(bundle, out)
     return bundle
@@ -535,6 +563,7 @@ def _train_finalists(
             device=config.device,
             progress=config.progress,
             init=init,
+            unknown_output=config.unknown_output,
         )
         m = trained.metrics
         rows.append({k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds")} | {"arch": arch})

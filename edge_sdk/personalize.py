@@ -176,10 +176,28 @@ def pkt_loss(outputs: Tensor, knowledge: Tensor, alpha: Tensor) -> tuple[Tensor,
 
 
 def _load_classifier(
-    model_onnx: bytes, arch: str, input_shape: tuple[int, int, int], num_classes: int
+    model_onnx: bytes,
+    arch: str,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    *,
+    unknown_output: bool = False,
 ) -> nn.Module:
-    module = build_model(arch, input_shape, num_classes)
+    """The classifier rebuilt from its arch and ONNX weights. A model with an "unknown" output (FedOV)
+    comes back without it: the personalized model answers over the task's classes like the global one,
+    so its final layer keeps the first ``num_classes`` rows."""
+    module = build_model(arch, input_shape, num_classes + int(unknown_output))
     module.load_state_dict(initializer_state_dict(model_onnx, module), strict=True)
+    if unknown_output:
+        head = [m for m in module.modules() if isinstance(m, nn.Linear)][-1]
+        head.weight = nn.Parameter(head.weight.detach()[:num_classes].clone())
+        if head.bias is not None:
+            head.bias = nn.Parameter(head.bias.detach()[:num_classes].clone())
+        head.out_features = num_classes
+        with torch.no_grad():
+            got = module(torch.zeros((1, *input_shape))).shape[1]
+        if got != num_classes:
+            raise ConfigError(f"{arch}: dropping the unknown output left {got} outputs, not {num_classes}")
     return module
 
 
@@ -428,10 +446,17 @@ def personalize(
         model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
         arch = package.global_arch
     else:
-        model = _load_classifier(bundle.model_onnx, bundle.arch, shape, classes)  # type: ignore[arg-type]
+        model = _load_classifier(
+            bundle.model_onnx, bundle.arch, shape, classes, unknown_output=bundle.unknown_output
+        )  # type: ignore[arg-type]
         arch = bundle.arch
     before = {
-        "own_model": evaluate(_load_classifier(bundle.model_onnx, bundle.arch, shape, classes), val_split)[1],  # type: ignore[arg-type]
+        "own_model": evaluate(
+            _load_classifier(
+                bundle.model_onnx, bundle.arch, shape, classes, unknown_output=bundle.unknown_output
+            ),  # type: ignore[arg-type]
+            val_split,
+        )[1],
         "global_model": evaluate(global_model, val_split)[1],
     }
     with seeded(seed):

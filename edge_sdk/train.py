@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from edge_sdk.outliers import make_outliers
 from profiles.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -39,6 +40,11 @@ __all__ = [
 ]
 
 
+# outliers per real image in a batch when training an "unknown" output, and their RNG stream
+OUTLIER_FRACTION = 0.5
+OUTLIER_STREAM = 2
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Options of one local training run.
@@ -49,12 +55,16 @@ class TrainConfig:
         batch_size: images per step (a trailing batch of one image joins the previous batch, because
             BatchNorm cannot normalise a single 1x1 feature map).
         weight_decay: Adam L2 penalty.
+        unknown_output: the model has one output more than the data has classes, "none of my classes"
+            (FedOV), trained on ``OUTLIER_FRACTION`` x batch corrupted copies of each batch's images
+            (:mod:`edge_sdk.outliers`).
     """
 
     epochs: int = 5
     lr: float = 1e-3
     batch_size: int = 64
     weight_decay: float = 0.0
+    unknown_output: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 0:
@@ -65,6 +75,8 @@ class TrainConfig:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         if not (isinstance(self.weight_decay, int | float) and self.weight_decay >= 0):
             raise ConfigError(f"weight_decay must be a number >= 0, got {self.weight_decay!r}")
+        if not isinstance(self.unknown_output, bool):
+            raise ConfigError(f"unknown_output must be a bool, got {self.unknown_output!r}")
 
 
 def to_float(x_uint8: torch.Tensor) -> torch.Tensor:
@@ -121,7 +133,9 @@ def train(
 ) -> list[float]:
     """Train ``model`` in place with Adam and cross-entropy; returns the mean training loss of each epoch.
 
-    ``seed`` fixes the batch order and Dropout, so the same model, data and seed give identical weights.
+    ``seed`` fixes the batch order, Dropout and the outliers, so the same model, data and seed give
+    identical weights. With ``config.unknown_output`` each batch gets outliers labelled
+    ``train.num_classes`` (the model's extra output); the loss is over both.
     """
     _check(train, "training")
     device = torch.device(device)
@@ -134,6 +148,8 @@ def train(
     bounds = _batches(n, config.batch_size)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     order_rng = torch.Generator(device="cpu").manual_seed(seed)
+    outlier_rng = torch.Generator(device="cpu").manual_seed(derive_seed(seed, OUTLIER_STREAM))
+    unknown = train.num_classes if config.unknown_output else None
     losses: list[float] = []
     bar = tqdm(range(config.epochs), desc="train", unit="epoch", disable=not progress, leave=False)
     with seeded(seed, device):
@@ -142,7 +158,12 @@ def train(
             total = torch.zeros((), device=device)
             for start, stop in bounds:
                 idx = perm[start:stop]
-                loss = nn.functional.cross_entropy(model(to_float(x[idx])), y[idx])
+                xb, yb = to_float(x[idx]), y[idx]
+                if unknown is not None:
+                    count = max(1, round(OUTLIER_FRACTION * len(idx)))
+                    xb = torch.cat([xb, make_outliers(xb, yb, count, outlier_rng)])
+                    yb = torch.cat([yb, yb.new_full((count,), unknown)])
+                loss = nn.functional.cross_entropy(model(xb), yb)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

@@ -88,7 +88,7 @@ _REQUIRED_KEYS = frozenset(
         "sdk_version",
     }
 )
-_OPTIONAL_KEYS = frozenset({"latent_dim"})
+_OPTIONAL_KEYS = frozenset({"latent_dim", "unknown_output"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +98,10 @@ class Bundle:
     ``profile`` is the device profile summary (``name`` plus budgets) and ``metrics`` the local results
     (val_accuracy, flops, ...); both map str to str/int/float/bool/None. Lists are accepted for the
     tuple fields and stored as tuples.
+
+    ``unknown_output`` (classifiers only, FedOV): the model has ``num_classes + 1`` outputs, the last one
+    "none of my classes", trained on corrupted local images so the teacher can abstain on what it never
+    saw. Written only when true, so the manifest (and hash) of every other bundle is what it always was.
     """
 
     kind: str
@@ -112,6 +116,7 @@ class Bundle:
     seed: int
     sdk_version: str
     latent_dim: int | None = None
+    unknown_output: bool = False
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -174,6 +179,17 @@ class Bundle:
             raise BundleError(
                 f"latent_dim is only for cvae_decoder bundles, got {self.latent_dim!r} on a {self.kind}"
             )
+        if not isinstance(self.unknown_output, bool):
+            raise BundleError(f"unknown_output must be a bool, got {type(self.unknown_output).__name__}")
+        if self.unknown_output and decoder:
+            raise BundleError("unknown_output is only for classifier bundles, got it on a cvae_decoder")
+        if self.unknown_output and self.num_classes >= MAX_CLASSES:
+            raise BundleError(f"an unknown output needs num_classes < {MAX_CLASSES}, got {self.num_classes}")
+
+    @property
+    def num_outputs(self) -> int:
+        """Columns of the model's output: one per class, plus the "unknown" one when there is one."""
+        return self.num_classes + int(self.unknown_output)
 
     def _set(self, name: str, value: Any) -> None:
         """Store the validated (normalised) value: the dataclass is frozen."""
@@ -321,6 +337,9 @@ def _check_keys(obj: dict[str, Any], source: str) -> None:
         )
     if "latent_dim" in obj and obj["latent_dim"] is None:  # the writer omits it: nil would hash differently
         raise BundleError(f"{source}: latent_dim must be omitted when unset, got nil")
+    if "unknown_output" in obj and obj["unknown_output"] is not True:  # omitted when false, likewise
+        got = obj["unknown_output"]
+        raise BundleError(f"{source}: unknown_output must be omitted unless true, got {got!r}")
 
 
 def _construct(fields: dict[str, Any], source: str) -> Bundle:
@@ -348,6 +367,8 @@ def _wire_map(bundle: Bundle) -> dict[str, Any]:
     }
     if bundle.latent_dim is not None:
         out["latent_dim"] = bundle.latent_dim
+    if bundle.unknown_output:
+        out["unknown_output"] = True
     return dict(sorted(out.items()))
 
 

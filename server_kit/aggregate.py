@@ -30,7 +30,7 @@ from torch import Tensor
 
 from edge_sdk.arch import ChainSpec, build_model, parse_arch
 from edge_sdk.data import ArrayDataset
-from edge_sdk.train import seeded
+from edge_sdk.train import derive_seed, seeded
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import read_bundle
 from export.onnx_export import export_onnx
@@ -61,6 +61,7 @@ __all__ = [
     "SYNTHETIC_FILE",
     "AggregateConfig",
     "AggregateResult",
+    "DecoderPool",
     "Federation",
     "Synthesis",
     "Training",
@@ -70,6 +71,7 @@ __all__ = [
     "save_synthetic",
     "split_kinds",
     "synthesize",
+    "top_up",
     "train_global",
 ]
 
@@ -83,6 +85,7 @@ _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0),
 }
 SYNTH_SOURCES = ("inversion", "generator", "decoder")
+TOP_UP_STREAM = 1  # derive_seed stream of top_up's decoder draws (the first draw uses the seed itself)
 SYNTHETIC_FILE = "synthetic.npz"  # the distillation set, kept for personalization (server-kit personalize)
 
 
@@ -130,6 +133,11 @@ class AggregateConfig:
     # knowledge; where the vote keeps the sample its argmax is the class anyway). 1: one-hot. MNIST
     # (RESULTS.md "Label skew"): 0.5 against 1.0 gave 95.96 / 95.13 % at alpha 0.1, 97.59 / 96.56 % at 0.5
     construction_weight: float = 0.5
+    # after the vote, each class left with fewer kept samples than the median class gets more decoder
+    # samples of it (from the decoders that hold it) until it reaches the median: a class one client
+    # alone holds loses most of its inversion and generator samples to the vote (the other teachers call
+    # them theirs), and the student then sees it half as often as the rest (see :func:`top_up`)
+    top_up: bool = True
     # check each claimed class against the other claimants on the teachers' own inversions before any
     # count weighs anything (server_kit.trust); None = whenever the inversion source runs
     verify_claims: bool | None = None
@@ -178,6 +186,8 @@ class AggregateConfig:
             )
         if not is_number(self.construction_weight) or not 0 <= self.construction_weight <= 1:
             raise ConfigError(f"construction_weight must be in [0, 1], got {self.construction_weight!r}")
+        if not isinstance(self.top_up, bool):
+            raise ConfigError(f"top_up must be a bool, got {self.top_up!r}")
         if not isinstance(self.inversion, InversionConfig):
             raise ConfigError(f"inversion must be an InversionConfig, got {type(self.inversion).__name__}")
         if not isinstance(self.distill, DistillConfig):
@@ -367,6 +377,15 @@ class Synthesis:
     seconds: dict[str, float]
     report: dict[str, Any]
     generator: ConditionalGenerator | None = None
+    decoders: DecoderPool | None = None
+
+
+@dataclass(frozen=True)
+class DecoderPool:
+    """The loaded decoders and the label counts they may be sampled by (verified when claims are)."""
+
+    modules: list[torch.nn.Module]
+    label_counts: list[list[int]]
 
 
 @dataclass(frozen=True)
@@ -377,6 +396,7 @@ class SourceOutput:
     samples: SyntheticSet
     report: dict[str, Any] = field(default_factory=dict)
     generator: ConditionalGenerator | None = None
+    decoders: DecoderPool | None = None
 
 
 # A synthesis source: (federation, config, out_dir, progress) -> its output.
@@ -418,8 +438,8 @@ def _generator_source(fed: Federation, config: AggregateConfig, out: Path, progr
 def _decoder_source(fed: Federation, config: AggregateConfig, out: Path, progress: bool) -> SourceOutput:
     """FedMHO: samples of the uploaded CVAE decoders, labelled by construction, centroid-filtered; with
     ``config.checks_claims`` each decoder's claimed classes are first checked against the teachers."""
-    part, report = _decoder_samples(fed, config, out)
-    return SourceOutput(part, {"decoders": report})
+    part, report, pool = _decoder_samples(fed, config, out)
+    return SourceOutput(part, {"decoders": report}, decoders=pool)
 
 
 SOURCES: dict[str, SynthesisSource] = {
@@ -440,6 +460,7 @@ def synthesize(fed: Federation, config: AggregateConfig, out: Path, *, progress:
     seconds: dict[str, float] = {}
     report: dict[str, Any] = {"claims": None}
     generator = None
+    pool = None
     wanted = config.sources(bool(fed.decoders))
     if config.fusion is not None and "decoder" not in wanted:
         raise ConfigError("FedMHO fusion trains on decoder samples: pass cvae_decoder bundles")
@@ -451,6 +472,7 @@ def synthesize(fed: Federation, config: AggregateConfig, out: Path, *, progress:
         parts[name] = output.samples
         report.update(output.report)
         generator = output.generator or generator
+        pool = output.decoders or pool
         seconds[name] = time.perf_counter() - t0
         if name == "inversion" and config.checks_claims:
             t0 = time.perf_counter()
@@ -464,7 +486,7 @@ def synthesize(fed: Federation, config: AggregateConfig, out: Path, *, progress:
         target_class=torch.cat([p.target_class for p in parts.values()]),
     )
     report["synthetic_sources"] = {name: len(p) for name, p in parts.items()}
-    return Synthesis(pooled, parts, fed.label_counts, seconds, report, generator)
+    return Synthesis(pooled, parts, fed.label_counts, seconds, report, generator, pool)
 
 
 def label(fed: Federation, synthesis: Synthesis, config: AggregateConfig) -> Labels:
@@ -476,26 +498,38 @@ def label(fed: Federation, synthesis: Synthesis, config: AggregateConfig) -> Lab
         n = len(synthetic)
         return Labels(targets=targets, keep=torch.ones(n, dtype=torch.bool), report={"rule": "hard"})
     # the pooled set is the parts in order: one flag per sample says whether its source is labelled
-    # by construction (the class it was made for) or by the teachers' vote. The vote runs on every
-    # sample: with drop_mismatch it also drops a constructed sample the teachers do not call its class
-    # (a blurry decode, or a decoder that lies about its labels)
+    # by construction (the class it was made for) or by the teachers' vote
     by_construction = torch.cat(
         [
             torch.full((len(part),), name in config.construction_labels, dtype=torch.bool)
             for name, part in synthesis.parts.items()
         ]
     )
+    return _vote_labels(fed, synthetic.x, synthetic.target_class, by_construction, synthesis, config)
+
+
+def _vote_labels(
+    fed: Federation,
+    x: Tensor,
+    y: Tensor,
+    by_construction: Tensor,
+    synthesis: Synthesis,
+    config: AggregateConfig,
+) -> Labels:
+    """The teachers' vote on every sample (with drop_mismatch it also drops a constructed sample the
+    teachers do not call its class: a blurry decode, or a decoder that lies about its labels); a
+    constructed sample's target is ``construction_weight`` on its class, the rest on the vote."""
     votes = label_synthetic(
         fed.modules,
-        synthetic.x,
-        synthetic.target_class,
+        x,
+        y,
         synthesis.label_counts,
         config=config.labels,
         tau=config.distill.tau,
         device=fed.device,
     )
     weight = float(config.construction_weight)
-    construction = weight * F.one_hot(synthetic.target_class, fed.num_classes).float()
+    construction = weight * F.one_hot(y, fed.num_classes).float()
     construction += (1 - weight) * votes.targets
     targets = torch.where(by_construction.unsqueeze(1), construction, votes.targets)
     report = dict(votes.report) | {
@@ -503,6 +537,99 @@ def label(fed: Federation, synthesis: Synthesis, config: AggregateConfig) -> Lab
         "by_construction_kept": int((votes.keep & by_construction).sum()),
     }
     return Labels(targets=targets, keep=votes.keep, report=report)
+
+
+def top_up(
+    fed: Federation, synthesis: Synthesis, labels: Labels, config: AggregateConfig
+) -> tuple[Synthesis, Labels]:
+    """Bring every class the vote left below the median class up to it with more decoder samples.
+
+    Why: the vote drops the inversion and generator samples of a class one client alone holds (every
+    other teacher calls them one of its own classes), so that class reaches the student with half the
+    samples of the rest. The new samples come from the decoders that hold the class (by the trusted
+    counts), pass the same centroid filter and vote as the first ones, and are inserted at the end of
+    the decoder part, so the pooled set stays the parts in order. A class whose decoder samples the vote
+    mostly rejected gets at most 4 draws per missing sample. Off (returns its inputs) with
+    ``top_up=False``, without decoders, with hard labels or FedMHO fusion (their own recipes).
+    """
+    pool = synthesis.decoders
+    if not config.top_up or pool is None or config.use_hard_labels or config.fusion is not None:
+        return synthesis, labels
+    num_classes = fed.num_classes
+    classes = labels.targets.argmax(1)
+    kept = torch.bincount(classes[labels.keep], minlength=num_classes)
+    present = torch.tensor(synthesis.label_counts).sum(0) > 0
+    if not bool(present.any()):
+        return synthesis, labels
+    goal = int(kept[present].median())
+    holds = torch.tensor(pool.label_counts).sum(0) > 0
+    deficit = ((goal - kept).clamp(min=0) * (present & holds)).tolist()
+    names = list(synthesis.parts)  # in SOURCES order, the order of the pooled set
+    start = sum(len(synthesis.parts[name]) for name in names[: names.index("decoder")])
+    end = start + len(synthesis.parts["decoder"])
+    first_y = synthesis.synthetic.target_class[start:end]
+    first_keep = labels.keep[start:end]
+    drawn = [0] * num_classes
+    xs, ys = [], []
+    for c in range(num_classes):
+        if deficit[c] == 0:
+            continue
+        made = int((first_y == c).sum())
+        rate = int((first_keep & (first_y == c)).sum()) / made * config.decoder_keep if made else 0.0
+        drawn[c] = min(4 * deficit[c], math.ceil(deficit[c] / max(rate, 1e-9)))
+        rows = [[n if j == c else 0 for j, n in enumerate(row)] for row in pool.label_counts]
+        x, y = sample_decoders(
+            pool.modules,
+            rows,
+            total=drawn[c],
+            num_classes=num_classes,
+            seed=derive_seed(config.seed, TOP_UP_STREAM, c),
+            device=fed.device,
+        )
+        mask = filter_by_centroid(x, y, keep=config.decoder_keep)
+        xs.append(x[mask])
+        ys.append(y[mask])
+    report = {
+        "goal": goal,
+        "kept_before": kept.tolist(),
+        "drawn": drawn,  # decoded
+        "filtered": [0] * num_classes,  # left by the centroid filter (all join the decoder part)
+        "added": [0] * num_classes,  # of those, kept by the vote
+    }
+    if not xs:
+        return synthesis, replace(labels, report=labels.report | {"top_up": report})
+    x, y = torch.cat(xs), torch.cat(ys)
+    report["filtered"] = torch.bincount(y, minlength=num_classes).tolist()
+    constructed = torch.full((len(y),), "decoder" in config.construction_labels, dtype=torch.bool)
+    new = _vote_labels(fed, x, y, constructed, synthesis, config)
+    report["added"] = torch.bincount(y[new.keep], minlength=num_classes).tolist()
+
+    def insert(old: Tensor, extra: Tensor) -> Tensor:
+        return torch.cat([old[:end], extra, old[end:]])
+
+    teacher = torch.full((len(y),), -1, dtype=synthesis.synthetic.teacher.dtype)
+    pooled = SyntheticSet(
+        x=insert(synthesis.synthetic.x, x),
+        teacher=insert(synthesis.synthetic.teacher, teacher),
+        target_class=insert(synthesis.synthetic.target_class, y),
+    )
+    decoder_part = synthesis.parts["decoder"]
+    parts = dict(synthesis.parts) | {
+        "decoder": SyntheticSet(
+            x=torch.cat([decoder_part.x, x]),
+            teacher=torch.cat([decoder_part.teacher, teacher]),
+            target_class=torch.cat([decoder_part.target_class, y]),
+        )
+    }
+    keep = insert(labels.keep, new.keep)
+    labels_report = labels.report | {"kept": int(keep.sum()), "top_up": report}
+    synthesis = replace(
+        synthesis,
+        synthetic=pooled,
+        parts=parts,
+        report=synthesis.report | {"synthetic_sources": {k: len(v) for k, v in parts.items()}},
+    )
+    return synthesis, Labels(targets=insert(labels.targets, new.targets), keep=keep, report=labels_report)
 
 
 @dataclass(frozen=True)
@@ -626,11 +753,11 @@ def _run(
 
     synthesis = synthesize(fed, config, out, progress=progress)
     seconds.update(synthesis.seconds)
-    synthetic = synthesis.synthetic
-    save_synthetic(out / SYNTHETIC_FILE, synthetic)
-
     t0 = time.perf_counter()
     labels = label(fed, synthesis, config)
+    synthesis, labels = top_up(fed, synthesis, labels, config)
+    synthetic = synthesis.synthetic
+    save_synthetic(out / SYNTHETIC_FILE, synthetic)
     agreement = {
         # how often the labels name the class a sample was made for ...
         "target_class": float((labels.targets.argmax(1) == synthetic.target_class).float().mean()),
@@ -819,7 +946,7 @@ def split_kinds(paths: Sequence[str | Path]) -> tuple[list[str | Path], list[tup
 
 def _decoder_samples(
     fed: Federation, config: AggregateConfig, out: Path
-) -> tuple[SyntheticSet, dict[str, Any]]:
+) -> tuple[SyntheticSet, dict[str, Any], DecoderPool]:
     """FedMHO decoder sampling + centroid filter; writes the per-class grids before and after the filter."""
     decoder_bundles, num_classes, input_shape = fed.decoders, fed.num_classes, fed.input_shape
     if not decoder_bundles:
@@ -857,7 +984,7 @@ def _decoder_samples(
         "grids": ["decoder_samples.png", "decoder_samples_filtered.png"],
         "claims": None if check is None else check.report(),
     }
-    return part, report
+    return part, report, DecoderPool(decoders, counts)
 
 
 def save_synthetic(path: Path, synthetic: SyntheticSet) -> Path:

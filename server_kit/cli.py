@@ -11,6 +11,7 @@ from typing import TypeVar
 from edge_sdk.cli import (
     add_cvae_knobs,
     add_search_args,
+    add_unknown_arg,
     cli_main,
     cvae_config,
     out_dir,
@@ -45,7 +46,12 @@ GENERATOR_KNOBS = {
     "generator_filter": "filter_fraction",
     "generator_mask": "mask_teachers",
 }
-LABEL_KNOBS = {"label_rule": "rule", "label_mask": "mask", "drop_mismatch": "drop_mismatch"}
+LABEL_KNOBS = {
+    "label_rule": "rule",
+    "label_mask": "mask",
+    "drop_mismatch": "drop_mismatch",
+    "abstain": "abstain",
+}
 DISTILL_KNOBS = {
     "distill_epochs": "epochs",
     "distill_lr": "lr",
@@ -72,7 +78,15 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--construction-weight",
         type=float,
-        help="weight of the class in a constructed sample's target, the rest the teachers' vote (default 1)",
+        help="weight of the class in a constructed sample's target, the rest the teachers' vote "
+        "(default 0.5)",
+    )
+    g.add_argument(
+        "--top-up",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bring each class the vote left below the median class up to it with more decoder samples "
+        "(default on when there are decoders)",
     )
     g.add_argument("--decoder-samples", type=int, help="images decoded from the CVAE decoders (paper: 6000)")
     g.add_argument("--decoder-keep", type=float, help="fraction kept nearest each class centroid (R_th 0.8)")
@@ -115,6 +129,13 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="each teacher votes only for the classes it has examples of (default: off)",
+    )
+    g.add_argument(
+        "--abstain",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="weigh a teacher with an 'unknown' output (edge-sdk --unknown-output) by how sure it is that "
+        "a sample is one of its classes (default: on)",
     )
     g.add_argument(
         "--keep-mismatch",
@@ -189,7 +210,7 @@ def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateCon
     dis = _with_knobs(base.distill, args, DISTILL_KNOBS)
     gen = _with_knobs(base.generator, args, GENERATOR_KNOBS)
     labels = _with_knobs(base.labels, args, LABEL_KNOBS)
-    names = ["student", "synth", "hard_labels", "on_error", "threads", "verify_claims"]
+    names = ["student", "synth", "hard_labels", "on_error", "threads", "verify_claims", "top_up"]
     top = overrides(args, [*names, "decoder_samples", "decoder_keep", "fedavg_init", "construction_weight"])
     if args.construction_labels is not None:
         text = args.construction_labels.strip()
@@ -245,6 +266,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         profile_map=Path(args.profile_map) if args.profile_map else None,
         search=search_config(args),
         cvae=cvae_config(args),
+        unknown_output=args.unknown_output,
         aggregate=aggregate_config(args, seed=args.seed),
         val_fraction=args.val_fraction,
         min_size=args.min_size,
@@ -332,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     add_search_args(p)
     add_cvae_knobs(p)
+    add_unknown_arg(p)
     add_aggregate_args(p)
 
     p = command(

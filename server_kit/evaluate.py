@@ -22,12 +22,19 @@ __all__ = ["evaluate_module", "evaluate_onnx"]
 
 
 def evaluate_onnx(
-    model: bytes | str | Path, data: ArrayDataset, *, batch_size: int = 1024, threads: int = 1
+    model: bytes | str | Path,
+    data: ArrayDataset,
+    *,
+    batch_size: int = 1024,
+    threads: int = 1,
+    unknown_output: bool = False,
 ) -> dict[str, Any]:
     """Accuracy of an ONNX classifier (bytes or a path to a ``.onnx`` file) with onnxruntime on CPU.
 
     Returns ``{"accuracy", "num_examples", "correct", "per_class_accuracy"}``; a class with no examples
     gets ``None``. A model with a fixed batch dimension is fed batches of that size (the last one padded).
+    ``unknown_output``: the model has one more output, "none of my classes" (FedOV); an image it calls
+    unknown counts as wrong.
     """
     _check_batch_size(batch_size)
     source = "<bytes>" if isinstance(model, bytes | bytearray) else str(model)
@@ -59,7 +66,7 @@ def evaluate_onnx(
         if fixed and real < fixed:
             x = np.concatenate([x, np.zeros((fixed - real, *x.shape[1:]), dtype=np.float32)])
         logits = session.run(None, {info.name: x})[0][:real]
-        predictions.append(_predict(logits, data.num_classes, source))
+        predictions.append(_predict(logits, data.num_classes + int(unknown_output), source))
     return _summary(predictions, data)
 
 

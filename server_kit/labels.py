@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from profiles.errors import ConfigError
+from server_kit.abstain import own_probability
 
 __all__ = [
     "LABEL_RULES",
@@ -62,11 +63,15 @@ class LabelConfig:
     rule: str = "label-weighted"
     mask: bool = False
     drop_mismatch: bool = True
+    # a teacher with an "unknown" output (FedOV, :mod:`server_kit.abstain`) votes on each sample with
+    # the weight of its probability that the sample is one of its classes; teachers without one vote as
+    # always. False: the unknown output is ignored (the ablation)
+    abstain: bool = True
 
     def __post_init__(self) -> None:
         if self.rule not in LABEL_RULES:
             raise ConfigError(f"label rule must be one of {list(LABEL_RULES)}, got {self.rule!r}")
-        for name in ("mask", "drop_mismatch"):
+        for name in ("mask", "drop_mismatch", "abstain"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -136,54 +141,82 @@ def teacher_probs(
 
     The module runs in eval mode (BatchNorm on running statistics); its training flag is restored.
     """
+    return _probs_and_own(module, x, tau=tau, held=held, batch_size=batch_size, device=device)[0]
+
+
+@torch.no_grad()
+def _probs_and_own(
+    module: nn.Module,
+    x: Tensor,
+    *,
+    tau: float,
+    held: Tensor | None,
+    batch_size: int,
+    device: str | torch.device,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`teacher_probs` and, for a teacher that can abstain (:mod:`server_kit.abstain`), the N
+    float64 probability that each image is one of its classes (None for the others)."""
     if not tau > 0:
         raise ConfigError(f"tau must be > 0, got {tau}")
     dev = _resolve_device(device)
     was_training = module.training
     module.eval().to(dev)
     try:
-        parts = []
+        parts, owns = [], []
         for i in range(0, x.shape[0], batch_size):
-            logits = module(x[i : i + batch_size].to(dev)).double() / tau  # B x L
+            logits, own = own_probability(module, x[i : i + batch_size].to(dev))
+            logits = logits.double() / tau  # B x L
             if held is not None:
                 if held.shape != logits.shape[1:]:
                     raise ConfigError(f"held mask has {held.shape[0]} classes, the teacher {logits.shape[1]}")
                 logits = logits.masked_fill(~held.to(dev), -math.inf)
             parts.append(F.softmax(logits, dim=1).cpu())
+            if own is not None:
+                owns.append(own.double().cpu())
     finally:
         module.train(was_training)
-    return torch.cat(parts) if parts else torch.zeros(0, 0, dtype=torch.float64)
+    if not parts:
+        return torch.zeros(0, 0, dtype=torch.float64), None
+    return torch.cat(parts), (torch.cat(owns) if owns else None)
 
 
 def _vote(
     modules: Sequence[nn.Module],
     x: Tensor,
-    weigh: Callable[[int, Tensor], Tensor],
+    weighs: Sequence[Callable[[int, Tensor], Tensor]],
     *,
     tau: float,
     held: Tensor | None,
     batch_size: int,
     device: str | torch.device,
-) -> Tensor:
-    """N x L float64: sum over teachers j of weigh(j, p_j(x)), rows renormalised to sum to 1.
+    abstain: bool = True,
+) -> list[Tensor]:
+    """One N x L float64 vote per weighing rule: sum over teachers j of weigh(j, p_j(x)), rows
+    renormalised to sum to 1. With ``abstain``, a teacher with an "unknown" output (FedOV) votes on each
+    sample with the weight of its own probability that the sample is one of its classes.
 
-    The teachers are evaluated one at a time and accumulated, so memory is O(N x L) whatever K is.
+    Every teacher runs once whatever the number of rules (running a teacher is the cost; weighing is a
+    product), and the teachers are accumulated one at a time, so memory is O(rules x N x L) whatever K is.
     """
     if not modules:
         raise ConfigError("labelling needs at least one teacher")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    total: Tensor | None = None
+    totals: list[Tensor] | None = None
     for j, module in enumerate(modules):
-        probs = teacher_probs(
+        probs, own = _probs_and_own(
             module, x, tau=tau, held=None if held is None else held[j], batch_size=batch_size, device=device
         )
-        if total is not None and probs.shape != total.shape:
-            raise ConfigError(f"teacher {j} predicts {probs.shape[1]} classes, teacher 0 {total.shape[1]}")
-        vote = weigh(j, probs)
-        total = vote if total is None else total + vote
-    assert total is not None
-    return total / total.sum(dim=1, keepdim=True).clamp(min=1e-300)
+        if totals is not None and probs.shape != totals[0].shape:
+            raise ConfigError(
+                f"teacher {j} predicts {probs.shape[1]} classes, teacher 0 {totals[0].shape[1]}"
+            )
+        votes = [weigh(j, probs) for weigh in weighs]
+        if abstain and own is not None:
+            votes = [v * own.unsqueeze(1) for v in votes]
+        totals = votes if totals is None else [t + v for t, v in zip(totals, votes, strict=True)]
+    assert totals is not None
+    return [t / t.sum(dim=1, keepdim=True).clamp(min=1e-300) for t in totals]
 
 
 def consensus(
@@ -195,12 +228,13 @@ def consensus(
     held: Tensor | None = None,
     batch_size: int = 512,
     device: str | torch.device = "cpu",
+    abstain: bool = True,
 ) -> Tensor:
     """N x L float32 ensemble of softmax(T_k(x) / tau) for images whose class is unknown (real test images).
 
     The mean over teachers (pFedZKD, Algorithm 4) or, with ``class_weights`` (K x L, :func:`class_shares`),
     p_c proportional to sum_k w_kc p_kc; ``held`` (K x L bool, :func:`held_classes`) masks each teacher's
-    softmax to its classes.
+    softmax to its classes; ``abstain`` weighs a teacher with an unknown output by its p_own per image.
     """
     if class_weights is not None and tuple(class_weights.shape[:1]) != (len(modules),):
         raise ConfigError(f"class_weights has {class_weights.shape[0]} rows for {len(modules)} teachers")
@@ -213,7 +247,10 @@ def consensus(
             raise ConfigError(f"class_weights has {w.shape[1]} classes, teacher {j} {probs.shape[1]}")
         return probs * w[j]
 
-    return _vote(modules, x, weigh, tau=tau, held=held, batch_size=batch_size, device=device).float()
+    votes = _vote(
+        modules, x, [weigh], tau=tau, held=held, batch_size=batch_size, device=device, abstain=abstain
+    )
+    return votes[0].float()
 
 
 def label_synthetic(
@@ -255,21 +292,32 @@ def label_synthetic(
 
         return weigh
 
-    def vote(rule: str, xs: Tensor, ys: Tensor) -> Tensor:
-        weigh = rule_for(rule, ys)
-        return _vote(modules, xs, weigh, tau=tau, held=held, batch_size=batch_size, device=device)
-
-    targets = vote(config.rule, x, y).float()
+    # with drop_mismatch, the conditioned vote is the fallback of the classes the rule mostly rejects;
+    # it is computed in the same pass over the teachers, so the fallback costs no second run of them
+    rules = [config.rule]
+    if config.drop_mismatch and config.rule != "conditioned":
+        rules.append("conditioned")
+    votes = _vote(
+        modules,
+        x,
+        [rule_for(r, y) for r in rules],
+        tau=tau,
+        held=held,
+        batch_size=batch_size,
+        device=device,
+        abstain=config.abstain,
+    )
+    targets = votes[0].float()
     hits = targets.argmax(dim=1) == y
     agree = torch.bincount(y[hits], minlength=num_classes)
     made = torch.bincount(y, minlength=num_classes)
     fallback: list[int] = []
-    if config.drop_mismatch and config.rule != "conditioned":
+    if len(votes) > 1:
         # never lose a class: where the rule rejects most samples made for c, the owners of c label them
         fallback = [c for c in range(num_classes) if made[c] > 0 and agree[c] < FALLBACK_BELOW * made[c]]
         if fallback:
             where = (y.view(-1, 1) == torch.tensor(fallback).view(1, -1)).any(dim=1)
-            targets[where] = vote("conditioned", x[where], y[where]).float()
+            targets[where] = votes[1][where].float()
             hits = targets.argmax(dim=1) == y
     keep = hits if config.drop_mismatch else torch.ones(n, dtype=torch.bool)
     report = {

@@ -51,6 +51,7 @@ class SimulateConfig:
     profile_map: Path | None = None
     search: SearchConfig = field(default_factory=SearchConfig)
     cvae: CVAEConfig = field(default_factory=CVAEConfig)  # clients whose profile role is cvae (FedMHO)
+    unknown_output: bool = False  # classifier clients train FedOV's "unknown" output
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     val_fraction: float = 0.2
     min_size: int = 10
@@ -115,6 +116,7 @@ def _client_config(config: SimulateConfig, k: int) -> ClientConfig:
     return ClientConfig(
         search=config.search,
         cvae=config.cvae,
+        unknown_output=config.unknown_output,
         val_fraction=config.val_fraction,
         seed=config.seed + k,
         device=config.device,
@@ -258,7 +260,9 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
         if bundle.kind == "classifier":
             row |= {
                 "val_accuracy": m["val_accuracy"],
-                "test_accuracy": evaluate_onnx(bundle.model_onnx, test)["accuracy"],
+                "test_accuracy": evaluate_onnx(bundle.model_onnx, test, unknown_output=bundle.unknown_output)[
+                    "accuracy"
+                ],
                 "flops": m["flops"],
                 "params": m["params"],
                 "candidate_epochs": m["candidate_epochs"],

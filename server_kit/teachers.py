@@ -8,7 +8,9 @@ exported elsewhere) goes through the generic converter in :mod:`server_kit.onnx_
 module is trusted only after a parity check against onnxruntime on seeded inputs, then frozen: eval()
 (BN must use its running statistics) and ``requires_grad_(False)``. Before any of that, the ONNX must pass
 :func:`export.onnx_check.check_classifier_onnx` against the manifest (input ``[batch, *input_shape]``, output
-``[batch, num_classes]``): nothing of a file that fails it is rebuilt, converted or run.
+``[batch, num_classes]``, one more column for a bundle with an "unknown" output): nothing of a file that
+fails it is rebuilt, converted or run. A teacher with an unknown output (FedOV) is wrapped in
+:class:`server_kit.abstain.Abstaining`, so it gives ``num_classes`` logits like every other teacher.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from export.onnx_check import check_classifier_onnx
 from export.onnx_export import onnx_session
 from export.weights import initializer_state_dict
 from profiles.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
+from server_kit.abstain import Abstaining
 from server_kit.onnx_convert import convert_onnx
 
 __all__ = [
@@ -65,7 +68,7 @@ def rebuild_teacher(bundle: Bundle) -> nn.Module:
     """``build_model(arch)`` + the ONNX initializers loaded by name, strictly (only ``num_batches_tracked``
     may be absent). Raises TeacherError when the arch is unknown or its state_dict does not match."""
     try:
-        module = build_model(bundle.arch, bundle.input_shape, bundle.num_classes)
+        module = build_model(bundle.arch, bundle.input_shape, bundle.num_outputs)
     except SpecError as err:
         raise TeacherError(f"cannot rebuild arch {bundle.arch!r}: {err}") from err
     try:
@@ -99,7 +102,7 @@ def load_teacher(
     check_classifier_onnx(
         bundle.model_onnx,
         input_shape=bundle.input_shape,
-        num_classes=bundle.num_classes,
+        num_classes=bundle.num_outputs,
         source=source,
         error=TeacherError,
     )
@@ -116,6 +119,8 @@ def load_teacher(
         except TeacherError as err:
             reasons.append(f"{method}: {err}")
             continue
+        if bundle.unknown_output:
+            module = Abstaining(module, bundle.num_classes).eval().requires_grad_(False)
         return Teacher(path, bundle, module, method)
     raise TeacherError(
         f"{source}: cannot load the teacher ({'; '.join(reasons)}); fix: export the classifier with "
@@ -229,7 +234,10 @@ def load_teachers(
 
 def classifier_weight(module: nn.Module) -> torch.Tensor:
     """The L x d weight of the final linear layer (``module.head`` if it is one, else the last nn.Linear;
-    converted graphs turn Gemm / MatMul with constant weights into nn.Linear). Detached."""
+    converted graphs turn Gemm / MatMul with constant weights into nn.Linear). Detached; an
+    :class:`Abstaining` teacher's "unknown" row is left out."""
+    if isinstance(module, Abstaining):
+        return classifier_weight(module.inner)[: module.num_classes]
     try:
         head = module.head
     except (AttributeError, TeacherError):

@@ -245,3 +245,56 @@ def test_cli_runs_and_refuses_bad_knobs(federation, bundles, tmp_path, capsys): 
     with pytest.raises(ConfigError, match="kdg_dis_weight"):
         PersonalizeConfig(method="kdg", kdg_dis_weight=-1.0)
     assert PersonalizeConfig().kdg_disg_weight == 0.01  # FedKDG's weight of the distillation terms
+
+
+def test_a_federation_with_an_unknown_output_teacher_aggregates_and_personalizes(tmp_path, bundles):  # noqa: F811
+    """A FedOV bundle (one more output than classes) is a teacher like the others on the server, and
+    its device's personalized model answers over the task's L classes."""
+    from export.bundle import Bundle, write_bundle
+    from export.onnx_export import export_onnx
+
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        model = build_model("C4k3-P-F3", SHAPE, L + 1).eval()
+    fedov = write_bundle(
+        Bundle(
+            kind="classifier",
+            model_onnx=export_onnx(model, SHAPE, metadata={"arch": "C4k3-P-F3"}),
+            arch="C4k3-P-F3",
+            num_classes=L,
+            input_shape=SHAPE,
+            label_counts=[0, 6, 6],
+            num_examples=12,
+            profile={"name": "test-device"},
+            metrics={},
+            seed=5,
+            sdk_version="test",
+            unknown_output=True,
+        ),
+        tmp_path / "fedov.bundle",
+    )
+    paths = [*bundles[:2], str(fedov)]
+    config = tiny_config(synth=("inversion", "generator"), generator=TINY_GENERATOR)
+    server = aggregate(paths, tmp_path / "server", config=config)
+    assert [t["file"] for t in server.report["teachers"]] == paths and not server.report["skipped"]
+    result = personalize_server(
+        paths,
+        tmp_path / "server",
+        tmp_path / "packages",
+        config=PKEConfig(epochs=1, batch_size=8, max_inputs=16),
+    )
+    gen = torch.Generator().manual_seed(1)
+    data = ArrayDataset(
+        torch.randint(0, 256, (40, *SHAPE), generator=gen, dtype=torch.uint8), torch.arange(40) % L, L
+    )
+    config = PersonalizeConfig(method="pkt", epochs=1, batch_size=8, calibration_size=16)
+    res = personalize(
+        data, read_bundle(fedov), read_package(result.packages[2]), tmp_path / "dev", config=config
+    )
+    logits = onnx_session(res.deploy_onnx.read_bytes()).run(
+        None, {INPUT_NAME: torch.rand(2, *SHAPE).numpy()}
+    )[0]
+    assert logits.shape == (2, L)
+    # the device's own model was evaluated over the L classes, less its unknown row
+    before = json.loads((tmp_path / "dev" / "report.json").read_text())["val_accuracy_before"]
+    assert 0 <= before["own_model"] <= 1 and set(before) == {"own_model", "global_model"}

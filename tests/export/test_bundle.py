@@ -109,6 +109,25 @@ def test_cvae_decoder_round_trip(tmp_path: Path) -> None:
     assert "latent_dim" not in _wire(_bundle())  # only written when set
 
 
+def test_unknown_output_round_trips_and_older_bundles_keep_loading(tmp_path: Path) -> None:
+    plain = _bundle()
+    assert plain.unknown_output is False and plain.num_outputs == 3
+    assert "unknown_output" not in _wire(plain)  # a bundle without it is byte-for-byte what it was
+    fedov = _bundle(unknown_output=True)
+    assert fedov.num_outputs == 4 and _wire(fedov)["unknown_output"] is True
+    back = read_bundle(write_bundle(fedov, tmp_path / "fedov.bundle"))
+    assert back == fedov and back.unknown_output and back.sha256 != plain.sha256
+    assert back.manifest()["unknown_output"] is True
+    # a writer that says false (or anything but true) is refused: omitted and false would hash apart
+    for value in (False, 1, "yes"):
+        with pytest.raises(BundleError, match="unknown_output must be omitted unless true"):
+            bundle_from_bytes(_signed({**_wire(plain), "unknown_output": value}))
+    with pytest.raises(BundleError, match="only for classifier"):
+        _bundle(kind="cvae_decoder", latent_dim=4, unknown_output=True)
+    with pytest.raises(BundleError, match="must be a bool"):
+        _bundle(unknown_output=1)
+
+
 def test_wire_keys() -> None:
     wire = _wire()
     assert set(wire) == {

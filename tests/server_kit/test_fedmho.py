@@ -57,8 +57,18 @@ def test_pooled_inversion_and_decoder_samples_get_consensus_labels(tmp_path, bun
     config = tiny_config(synth=("inversion", "decoder"), decoder_samples=30)
     report = json.loads(aggregate([*bundles, *decoders], tmp_path, config=config).report_path.read_text())
     assert report["synthetic_sources"]["inversion"] == 36
-    assert 0 < report["synthetic_sources"]["decoder"] <= math.floor(0.8 * 30) + L
+    top_up = report["labels"]["top_up"]  # classes the vote thinned out get more decoder samples
+    assert report["decoders"]["kept"] <= math.floor(0.8 * 30) + L
+    assert report["synthetic_sources"]["decoder"] == report["decoders"]["kept"] + sum(top_up["filtered"])
     assert report["training"] == "consensus distillation" and report["labels"]["rule"] == "label-weighted"
+    off = tiny_config(synth=("inversion", "decoder"), decoder_samples=30, top_up=False)
+    report = json.loads(
+        aggregate([*bundles, *decoders], tmp_path / "off", config=off).report_path.read_text()
+    )
+    assert (
+        report["synthetic_sources"]["decoder"] == report["decoders"]["kept"]
+        and "top_up" not in report["labels"]
+    )
 
 
 def test_config_refusals(tmp_path, bundles):  # noqa: F811

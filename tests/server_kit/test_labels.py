@@ -153,3 +153,40 @@ def test_label_synthetic_validation():
         label_synthetic(ts, x, torch.zeros(3, dtype=torch.long), [[1, 1, 1]], config=LabelConfig(), tau=1.0)
     with pytest.raises(ConfigError, match="target_class"):
         label_synthetic(ts, x, torch.tensor([0, 1, 3]), [[1, 1, 1]] * 3, config=LabelConfig(), tau=1.0)
+
+
+# ------------------------------------------------------------------------- teachers that can abstain
+
+
+def test_a_teacher_that_says_unknown_loses_its_vote_on_that_sample():
+    from server_kit.abstain import Abstaining
+
+    # teacher 0 holds classes 0 and 1 and calls everything class 0, but its "unknown" output (the 4th)
+    # says the first two images are not its own; teacher 1 holds class 2 and calls everything class 2,
+    # less sure than teacher 0
+    class Unsure(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            unknown = torch.tensor([9.0, 9.0, -9.0, -9.0])[: x.shape[0]]
+            known = torch.tensor([6.0, 0.0, 0.0]).expand(x.shape[0], -1)
+            return torch.cat([known, unknown.unsqueeze(1)], dim=1)
+
+    abstaining, owner = Abstaining(Unsure(), L), ConstantLogits([0.0, 0.0, 3.0])
+    counts = [[50, 50, 0], [0, 0, 50]]
+    x, y = images(4), torch.tensor([2, 2, 0, 0])
+    config = LabelConfig(drop_mismatch=False)
+    got = label_synthetic([abstaining, owner], x, y, counts, config=config, tau=1.0)
+    assert got.targets.argmax(1).tolist() == [2, 2, 0, 0]
+    p_own = 1 - torch.sigmoid(9.0 - torch.logsumexp(torch.tensor([6.0, 0.0, 0.0]), 0))
+    assert float(got.targets[0, 0]) < 2 * float(p_own)  # its vote scaled by p_own ~ 0.05
+    ignored = label_synthetic(
+        [abstaining, owner], x, y, counts, config=LabelConfig(drop_mismatch=False, abstain=False), tau=1.0
+    )
+    assert ignored.targets.argmax(1).tolist() == [0, 0, 0, 0]  # the louder teacher wins everywhere
+    # the ensemble of real images weighs it the same way; a plain teacher is untouched
+    weights = class_shares(counts)
+    real = consensus([abstaining, owner], x, tau=1.0, class_weights=weights)
+    torch.testing.assert_close(real, got.targets, atol=1e-6, rtol=0)
+    plain = consensus([owner, owner], x, tau=1.0)
+    torch.testing.assert_close(plain, consensus([owner, owner], x, tau=1.0, abstain=False))
+    with pytest.raises(ConfigError, match="abstain"):
+        LabelConfig(abstain=1)

@@ -129,14 +129,105 @@ def test_cli_flags_reach_the_label_trust_and_adversarial_options():
         [
             "aggregate", "a.bundle", "--out", "o", "--labels", "conditioned", "--label-mask",
             "--keep-mismatch", "--no-verify-claims", "--inversion-classes", "held", "--generator-mask",
-            "--adversarial-rounds", "3", "--distill-shift", "0.1",
+            "--adversarial-rounds", "3", "--distill-shift", "0.1", "--no-abstain", "--no-top-up",
         ]
     )  # fmt: skip
     config = aggregate_config(args, seed=0)
-    assert config.labels == LabelConfig(rule="conditioned", mask=True, drop_mismatch=False)
+    assert config.labels == LabelConfig(rule="conditioned", mask=True, drop_mismatch=False, abstain=False)
+    assert config.top_up is False
     assert config.verify_claims is False and not config.checks_claims
     assert config.inversion.classes == "held" and config.generator.mask_teachers
     assert config.adversarial is not None and config.adversarial.rounds == 3
     assert config.distill.shift == 0.1
     default = aggregate_config(build_parser().parse_args(["aggregate", "a.bundle", "--out", "o"]), seed=0)
     assert default.labels == LabelConfig() and default.checks_claims and default.adversarial is None
+    assert default.top_up and default.labels.abstain
+    sim = build_parser().parse_args(["simulate", "--dataset", "digits", "--out", "o", "--unknown-output"])
+    assert sim.unknown_output is True
+
+
+class _Brightness(torch.nn.Module):
+    """A teacher that calls an image class c when its mean pixel is nearest (c + 1) / 4."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        centres = torch.arange(1, L + 1, dtype=x.dtype) / 4
+        return -100.0 * (x.flatten(1).mean(1, keepdim=True) - centres).square()
+
+
+class _ShadeDecoder(torch.nn.Module):
+    """A decoder whose class-c images have mean pixel (c + 1) / 4, with a little latent noise."""
+
+    latent_dim, num_classes, output_shape = 2, L, SHAPE
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        shade = (y.argmax(1).float() + 1) / 4 + 0.01 * z[:, 0]
+        return shade.view(-1, 1, 1, 1).expand(-1, *SHAPE).contiguous()
+
+
+def _toy_synthesis(pool_counts: list[list[int]]):
+    """10 'inversion' samples per class, of which classes 1 and 2 are drawn as class 0 (the vote drops
+    them), then 2 decoder samples per class."""
+    from server_kit.aggregate import DecoderPool, Synthesis
+    from server_kit.inversion import SyntheticSet
+
+    y_inv = torch.arange(L).repeat_interleave(10)
+    shade = torch.full((len(y_inv),), 0.25)
+    x_inv = shade.view(-1, 1, 1, 1).expand(-1, *SHAPE).contiguous()
+    y_dec = torch.arange(L).repeat_interleave(2)
+    x_dec = _ShadeDecoder()(torch.zeros(len(y_dec), 2), torch.nn.functional.one_hot(y_dec, L).float())
+    parts = {
+        "inversion": SyntheticSet(x_inv, torch.zeros(len(y_inv), dtype=torch.long), y_inv),
+        "decoder": SyntheticSet(x_dec, torch.full((len(y_dec),), -1), y_dec),
+    }
+    pooled = SyntheticSet(
+        *(torch.cat([getattr(p, f) for p in parts.values()]) for f in ("x", "teacher", "target_class"))
+    )
+    counts = [[5, 5, 0], [0, 0, 5]]
+    pool = DecoderPool([_ShadeDecoder(), _ShadeDecoder()], pool_counts)
+    fed = Federation([_Brightness(), _Brightness()], counts, L, SHAPE, torch.device("cpu"))
+    return fed, Synthesis(pooled, parts, counts, {}, {"synthetic_sources": {}}, None, pool)
+
+
+def test_top_up_brings_classes_the_vote_thinned_out_to_the_median_with_decoder_samples():
+    from server_kit.aggregate import top_up
+
+    # decoders hold classes 0 and 2 only: class 2 can be topped up, class 1 cannot
+    fed, synthesis = _toy_synthesis([[5, 0, 0], [0, 0, 5]])
+    config = tiny_config(construction_weight=1.0)
+    labels = label(fed, synthesis, config)
+    kept = torch.bincount(labels.targets.argmax(1)[labels.keep], minlength=L).tolist()
+    assert kept == [12, 2, 2]  # the vote calls every 'inversion' image class 0
+    grown, new = top_up(fed, synthesis, labels, config)
+    report = new.report["top_up"]
+    assert report["goal"] == 2 and report["added"] == [0, 0, 0]  # the median class is already at 2
+
+    # a federation where most classes are fine: the median is high, class 2 is short of it
+    fed, synthesis = _toy_synthesis([[5, 0, 0], [0, 0, 5]])
+    parts = dict(synthesis.parts)
+    inv = parts["inversion"]
+    fixed = inv.x.clone()
+    fixed[inv.target_class == 1] = 0.5  # class 1's images now look like class 1
+    parts["inversion"] = dataclasses.replace(inv, x=fixed)
+    pooled = dataclasses.replace(synthesis.synthetic, x=torch.cat([fixed, parts["decoder"].x]))
+    synthesis = dataclasses.replace(synthesis, synthetic=pooled, parts=parts)
+    labels = label(fed, synthesis, config)
+    assert torch.bincount(labels.targets.argmax(1)[labels.keep], minlength=L).tolist() == [12, 12, 2]
+    grown, new = top_up(fed, synthesis, labels, config)
+    report = new.report["top_up"]
+    assert report["goal"] == 12 and report["drawn"][:2] == [0, 0] and report["drawn"][2] > 0
+    assert report["added"] == [0, 0, 10]  # 13 drawn for 10 missing at the first samples' rate 0.8
+    after = torch.bincount(new.targets.argmax(1)[new.keep], minlength=L).tolist()
+    assert after == [12, 12, 12] and new.report["kept"] == 36
+    # the pooled set is still the parts in order, the labels row-aligned with it
+    assert torch.equal(grown.synthetic.x, torch.cat([p.x for p in grown.parts.values()]))
+    assert len(new.targets) == len(new.keep) == len(grown.synthetic) == 30 + 6 + 10
+    assert (grown.parts["decoder"].target_class[6:] == 2).all()
+    assert grown.report["synthetic_sources"] == {"inversion": 30, "decoder": 16}
+    again = top_up(fed, synthesis, labels, config)[0]  # seeded: the same draw
+    assert torch.equal(again.synthetic.x, grown.synthetic.x)
+    # off, or without decoders: the inputs come back
+    assert top_up(fed, synthesis, labels, dataclasses.replace(config, top_up=False)) == (synthesis, labels)
+    no_pool = dataclasses.replace(synthesis, decoders=None)
+    assert top_up(fed, no_pool, labels, config) == (no_pool, labels)
+    with pytest.raises(ConfigError, match="top_up"):
+        tiny_config(top_up=1)

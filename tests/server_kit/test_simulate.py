@@ -93,6 +93,11 @@ def test_classifier_devices_upload_a_decoder_and_a_resume_checks_the_settings(fe
     recorded = json.loads((clients / "client_00.bundle.report.json").read_text())["config"]
     assert _finished(clients / "client_00.bundle", recorded)
     assert not _finished(clients / "client_00.bundle", {**recorded, "seed": recorded["seed"] + 1})
+    # a client made without the unknown output is redone when the federation asks for it
+    from server_kit.simulate import SimulateConfig, _client_config
+
+    fedov = _client_config(SimulateConfig(dataset="digits", out_dir=out, unknown_output=True), 0)
+    assert fedov.unknown_output and not _finished(clients / "client_00.bundle", fedov.to_dict())
     (clients / "client_01.decoder.bundle").write_bytes(b"torn")  # a broken upload is redone
     recorded = json.loads((clients / "client_01.bundle.report.json").read_text())["config"]
     assert not _finished(clients / "client_01.bundle", recorded)
