@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Abstaining", "own_probability"]
+__all__ = ["MIN_OWN", "Abstaining", "own_probability"]
+
+MIN_OWN = 1e-6
 
 
 class Abstaining(nn.Module):
@@ -26,9 +28,14 @@ class Abstaining(nn.Module):
         self.num_classes = num_classes
 
     def split(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(known-class logits B x L, probability B that x is one of them), from one forward pass."""
+        """(known-class logits B x L, probability B that x is one of them), from one forward pass.
+
+        p_own is computed in float64 as -expm1(log p_unknown) and floored at ``MIN_OWN``: a teacher sure
+        that an image is not its own keeps a tiny vote, so a sample every teacher disowns still gets
+        the ensemble's (tiny, renormalised) opinion instead of an all-zero target."""
         logits = self.inner(x)
-        return logits[:, : self.num_classes], 1.0 - torch.softmax(logits.float(), dim=1)[:, self.num_classes]
+        log_unknown = torch.log_softmax(logits.double(), dim=1)[:, self.num_classes]
+        return logits[:, : self.num_classes], (-torch.expm1(log_unknown)).clamp(min=MIN_OWN)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.inner(x)[:, : self.num_classes]

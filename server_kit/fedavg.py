@@ -83,7 +83,8 @@ def _signature(module: nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtyp
 
 def fedavg_init(teachers: Sequence[Teacher], *, weighting: str = "examples") -> nn.Module | None:
     """A new module: the average of the classifier teachers' weights, or ``None`` when there is nothing to
-    average (no teachers, or differing arch strings / state-dict layouts).
+    average (no teachers, differing arch strings / state-dict layouts, or teachers with an "unknown"
+    output, whose average would not be a model of the task's classes).
 
     ``weighting`` is ``"examples"`` (by each bundle's ``num_examples``) or ``"uniform"`` (Eq. 4). The
     result is a deep copy of the first teacher's module with the averaged state loaded, trainable
@@ -97,6 +98,8 @@ def fedavg_init(teachers: Sequence[Teacher], *, weighting: str = "examples") -> 
     for t in classifiers:
         if t.bundle.kind != "classifier":
             raise ConfigError(f"fedavg_init averages classifiers, got a {t.bundle.kind!r} bundle ({t.name})")
+    if any(t.bundle.unknown_output for t in classifiers):
+        return None
     first = classifiers[0]
     signature = _signature(first.module)
     if any(t.bundle.arch != first.bundle.arch or _signature(t.module) != signature for t in classifiers[1:]):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -116,6 +118,9 @@ def test_fedavg_init_returns_none_when_heterogeneous_or_empty() -> None:
     assert fedavg_init([]) is None
     assert fedavg_init([_teacher(1, 5), _teacher(2, 5, arch="C4k3-P-F5-F3")]) is None
     assert fedavg_init([_teacher(1, 5)]) is not None  # a single classifier is its own average
+    fedov = _teacher(2, 5)
+    fedov = dataclasses.replace(fedov, bundle=dataclasses.replace(fedov.bundle, unknown_output=True))
+    assert fedavg_init([_teacher(1, 5), fedov]) is None  # an "unknown" row is no class of the task
     with pytest.raises(ConfigError, match="averages classifiers"):
         fedavg_init([_teacher(1, 5), _teacher(2, 5, kind="cvae_decoder")])
     with pytest.raises(ConfigError, match="weighting"):

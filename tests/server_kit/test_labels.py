@@ -190,3 +190,20 @@ def test_a_teacher_that_says_unknown_loses_its_vote_on_that_sample():
     torch.testing.assert_close(plain, consensus([owner, owner], x, tau=1.0, abstain=False))
     with pytest.raises(ConfigError, match="abstain"):
         LabelConfig(abstain=1)
+
+
+def test_a_sample_every_teacher_disowns_still_gets_a_target():
+    from server_kit.abstain import MIN_OWN, Abstaining
+
+    class Disowns(nn.Module):  # "unknown" by a margin no float32 softmax can tell from certainty
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tensor([3.0, 0.0, 0.0, 200.0]).expand(x.shape[0], -1)
+
+    teacher = Abstaining(Disowns(), L)
+    own = teacher.split(images(2))[1]
+    assert own.dtype == torch.float64 and torch.equal(own, torch.full((2,), MIN_OWN, dtype=torch.float64))
+    got = label_synthetic(
+        [teacher, teacher], images(2), torch.tensor([0, 0]), [[5, 5, 5]] * 2, config=LabelConfig(), tau=1.0
+    )
+    torch.testing.assert_close(got.targets.sum(1), torch.ones(2))
+    assert got.keep.all()  # both teachers still call it class 0, each with the same tiny weight
