@@ -23,7 +23,7 @@ from profiles.errors import BundleError, ConfigError
 from server_kit.aggregate import aggregate
 from server_kit.personalize import PKEConfig, extractor_names, personalize_server, train_server_models
 from tests.export.test_onnx_check import loop_in_front
-from tests.server_kit.test_aggregate import SHAPE, L, bundles, tiny_config  # noqa: F401
+from tests.server_kit.test_aggregate import SHAPE, L, _bundle, bundles, tiny_config  # noqa: F401
 from tests.server_kit.test_synth_sources import TINY_GENERATOR
 
 # ------------------------------------------------------------------------------------------- PKT alpha
@@ -250,30 +250,8 @@ def test_cli_runs_and_refuses_bad_knobs(federation, bundles, tmp_path, capsys): 
 def test_a_federation_with_an_unknown_output_teacher_aggregates_and_personalizes(tmp_path, bundles):  # noqa: F811
     """A FedOV bundle (one more output than classes) is a teacher like the others on the server, and
     its device's personalized model answers over the task's L classes."""
-    from export.bundle import Bundle, write_bundle
-    from export.onnx_export import export_onnx
-
-    with torch.random.fork_rng():
-        torch.manual_seed(5)
-        model = build_model("C4k3-P-F3", SHAPE, L + 1).eval()
-    fedov = write_bundle(
-        Bundle(
-            kind="classifier",
-            model_onnx=export_onnx(model, SHAPE, metadata={"arch": "C4k3-P-F3"}),
-            arch="C4k3-P-F3",
-            num_classes=L,
-            input_shape=SHAPE,
-            label_counts=[0, 6, 6],
-            num_examples=12,
-            profile={"name": "test-device"},
-            metrics={},
-            seed=5,
-            sdk_version="test",
-            unknown_output=True,
-        ),
-        tmp_path / "fedov.bundle",
-    )
-    paths = [*bundles[:2], str(fedov)]
+    fedov = _bundle(tmp_path, "fedov", "C4k3-P-F3", 5, [0, 6, 6], unknown_output=True)
+    paths = [*bundles[:2], fedov]
     config = tiny_config(synth=("inversion", "generator"), generator=TINY_GENERATOR)
     server = aggregate(paths, tmp_path / "server", config=config)
     assert [t["file"] for t in server.report["teachers"]] == paths and not server.report["skipped"]

@@ -25,10 +25,13 @@ L = 3
 SPECS = ("C4k3-P-F3", "C6k5-P-F8-F3", "C4k3-C4k3-P-F3")
 
 
-def _bundle(tmp_path, name: str, spec: str, seed: int, counts: list[int]) -> str:
+def _bundle(
+    tmp_path, name: str, spec: str, seed: int, counts: list[int], *, unknown_output: bool = False
+) -> str:
+    """A classifier bundle of an untrained ``spec`` (one more output than classes with ``unknown_output``)."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = build_model(spec, SHAPE, len(counts)).eval()
+        model = build_model(spec, SHAPE, len(counts) + int(unknown_output)).eval()
     bundle = Bundle(
         kind="classifier",
         model_onnx=export_onnx(model, SHAPE, metadata={"arch": spec}),
@@ -41,6 +44,7 @@ def _bundle(tmp_path, name: str, spec: str, seed: int, counts: list[int]) -> str
         metrics={"val_accuracy": 0.5 + 0.1 * seed},
         seed=seed,
         sdk_version="test",
+        unknown_output=unknown_output,
     )
     return str(write_bundle(bundle, tmp_path / f"{name}.bundle"))
 
