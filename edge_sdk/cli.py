@@ -110,6 +110,7 @@ SEARCH_KNOBS = (
     "supernet",
     "warm_start",
     "finalists",
+    "finalist_share",
 )
 
 
@@ -136,6 +137,11 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         "--finalists",
         type=int,
         help="PSO: train the best N distinct specs fully, keep the most accurate (fast: 3; paper: 1)",
+    )
+    p.add_argument(
+        "--finalist-share",
+        type=float,
+        help="PSO: each finalist trains this share of --final-epochs, the best goes on (fast: 0.25; 1: all)",
     )
     p.add_argument("--supernet", help="evolution: a supernet file (server-kit supernet) -> the elastic space")
     p.add_argument("--population", type=int, help="evolution population N_pop")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from edge_sdk.data import ArrayDataset, split_train_val
 from edge_sdk.elastic import ElasticSpec, extract, load_supernet, smallest
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
-from edge_sdk.train import TrainConfig, evaluate, seeded, train
+from edge_sdk.train import TrainConfig, derive_seed, evaluate, release_memory, seeded, to_float, train
 from edge_sdk.zoo import RANDOM_POOL
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle, write_bundle
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 CLIENT_ROLES = ("auto", "classifier", "cvae", "both")
+FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epochs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,16 +261,22 @@ def train_final(
 ) -> TrainedModel:
     """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
 
-    ``init`` (a module of exactly this architecture, e.g. a subnet extracted from a supernet) is
-    fine-tuned instead of a freshly initialised model; it is trained in place. ``unknown_output`` adds
+    ``init`` (a module of exactly this architecture: a subnet extracted from a supernet, or a finalist
+    that trains on) is trained in place instead of a freshly initialised model. ``unknown_output`` adds
     the "none of my classes" output (:mod:`edge_sdk.outliers`); the validation accuracy then counts an
     image called unknown as wrong.
     """
     spec = parse_arch(arch)
     num_classes = train_split.num_classes
-    if init is not None and unknown_output:
-        raise ConfigError("unknown_output trains a fresh model; an init module has no unknown output")
     if init is not None:
+        with torch.inference_mode():
+            where = next(init.parameters()).device
+            outputs = init.eval()(to_float(train_split.x[:2]).to(where)).shape[1]
+        if outputs != num_classes + int(unknown_output):
+            raise ConfigError(
+                f"init module has {outputs} outputs, expected {num_classes + int(unknown_output)} "
+                f"({num_classes} classes{' + unknown' if unknown_output else ''}); pass a model of that shape"
+            )
         model = init
     else:
         with torch.random.fork_rng():  # seeded weight init without touching the caller's global RNG
@@ -536,44 +544,78 @@ def run_client(
     assert result is not None
     report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
     atomic_write_json(report_path, dict(sorted(report.items())))
+    release_memory()  # a simulation's worker goes on to the next client with what it freed given back
     return result
 
 
 def _train_finalists(
     result: SearchResult, train_split: ArrayDataset, val_split: ArrayDataset, config: ClientConfig
 ) -> tuple[TrainedModel, list[dict[str, Any]]]:
-    """Train every finalist of the search for ``final_epochs``; keep the best validation accuracy (ties:
-    lower validation loss, then the better search fitness). Returns it and one row per finalist."""
-    best: TrainedModel | None = None
-    chosen = 0
+    """Successive halving over the search's finalists: each trains ``finalist_epochs()`` epochs, then one
+    goes on to ``final_epochs``: the cheapest (FLOPs) among those within one standard error of the best
+    validation accuracy (the one-standard-error rule of model selection: a difference that small is
+    noise of the validation split, and the device pays for every FLOP of a larger model; ties: higher
+    accuracy, lower loss). Returns it and one row per finalist (validation numbers after the shared
+    epochs; the chosen row adds the final ones)."""
+    search_config = config.search
+    shared = search_config.finalist_epochs() if len(result.finalists) > 1 else search_config.final_epochs
+    common = dict(
+        lr=search_config.lr,
+        batch_size=search_config.batch_size,
+        device=config.device,
+        progress=config.progress,
+        unknown_output=config.unknown_output,
+    )
+    trained_all: list[TrainedModel] = []
     rows: list[dict[str, Any]] = []
     for arch in result.finalists:
         init = None
-        if config.search.supernet is not None and arch.startswith("mbv3:"):
+        if search_config.supernet is not None and arch.startswith("mbv3:"):
             # HAPFNAS: the winner starts from its supernet weights and is fine-tuned locally
-            init = extract(load_supernet(config.search.supernet), ElasticSpec.parse(arch))
+            init = extract(load_supernet(search_config.supernet), ElasticSpec.parse(arch))
         trained = train_final(
-            arch,
-            train_split,
-            val_split,
-            epochs=config.search.final_epochs,
-            lr=config.search.lr,
-            batch_size=config.search.batch_size,
-            seed=config.seed,
-            device=config.device,
-            progress=config.progress,
-            init=init,
-            unknown_output=config.unknown_output,
-        )
+            arch, train_split, val_split, epochs=shared, seed=config.seed, init=init, **common
+        )  # fmt: skip
         m = trained.metrics
-        rows.append({k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds")} | {"arch": arch})
-        key = (-m["val_accuracy"], m["val_loss"])
-        if best is None or key < (-best.metrics["val_accuracy"], best.metrics["val_loss"]):
-            best, chosen = trained, len(rows) - 1
-    assert best is not None
+        trained_all.append(trained)
+        rows.append(
+            {k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds", "flops")}
+            | {"arch": arch, "epochs": shared}
+        )
+    chosen = _one_standard_error(rows, len(val_split))
     for i, row in enumerate(rows):
         row["chosen"] = i == chosen
+    best = trained_all[chosen]
+    rest = search_config.final_epochs - shared
+    if rest > 0:  # the winner goes on from where it stopped (its own stream of batch orders)
+        done = best.metrics["train_seconds"]
+        best = train_final(
+            best.arch, train_split, val_split, epochs=rest, seed=derive_seed(config.seed, FINALIST_STREAM),
+            init=best.module, **common,
+        )  # fmt: skip
+        best = dataclasses.replace(
+            best,
+            metrics=best.metrics
+            | {
+                "final_epochs": search_config.final_epochs,
+                "train_seconds": round(done + best.metrics["train_seconds"], 3),
+            },
+        )
+        rows[chosen] |= {
+            "final_val_accuracy": best.metrics["val_accuracy"],
+            "final_val_loss": best.metrics["val_loss"],
+            "final_epochs": search_config.final_epochs,
+        }
     return best, rows
+
+
+def _one_standard_error(rows: list[dict[str, Any]], n_val: int) -> int:
+    """Index of the cheapest row whose validation accuracy is within one binomial standard error of the
+    best one (ties: higher accuracy, then lower loss, then the search's order)."""
+    top = max(r["val_accuracy"] for r in rows)
+    margin = math.sqrt(top * (1 - top) / max(n_val, 1))
+    near = [i for i, r in enumerate(rows) if r["val_accuracy"] >= top - margin]
+    return min(near, key=lambda i: (rows[i]["flops"], -rows[i]["val_accuracy"], rows[i]["val_loss"], i))
 
 
 def _run_classifier(

@@ -33,13 +33,21 @@ from profiles import ROLES, DeviceProfile
 from profiles.errors import ConfigError, ProfileError, SpecError
 
 __all__ = [
+    "FINAL_TRAINING_SHARE",
     "OPTIMIZER_STATE",
     "ModelProfile",
     "count_flops",
     "fits",
+    "free_cores",
     "measure_device",
     "profile_model",
+    "train_seconds",
+    "trains_in_time",
+    "usable_threads",
 ]
+
+# a core is free when less than this share of it was busy over the sampling window
+BUSY_SHARE = 0.5
 
 # Optimizer state per trainable parameter, in parameter-sized tensors (Adam: first and second moments).
 OPTIMIZER_STATE = {"sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2}
@@ -133,7 +141,10 @@ def _saved_activation_bytes(probe: nn.Module, x: torch.Tensor) -> int:
         address, nbytes = _storage_key(t)
         if nbytes and address not in state:
             saved[address] = max(saved.get(address, 0), nbytes)
-        return t
+        # detached: an op's output saved for its own backward would otherwise hold its graph node,
+        # a reference cycle outside Python's collector (measured: +35 MB leaked per profiled model,
+        # 8 GB over a simulation's searches; benchmarks/RESULTS.md, "Speed")
+        return t.detach()
 
     probe.train()
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -248,6 +259,33 @@ def fits(model_profile: ModelProfile, profile: DeviceProfile) -> str | None:
         used, budget = model_profile.train_memory_bytes / mib, profile.memory_bytes / mib
         got, limit = _compare(used, budget, "MB", scaled=False)
         return f"train memory {got} exceeds memory_mb {limit} {where}"
+    return None
+
+
+# share of a profile's time_budget_s the final training of the chosen model may take; the rest is for
+# the search, the finalists' shared epochs, the CVAE and the export
+FINAL_TRAINING_SHARE = 0.5
+# FLOPs of one training step per image, in forward passes: forward, gradient to the activations, gradient
+# to the weights (the usual 3x rule; the first layer's input gradient is not needed, a small saving)
+TRAIN_FLOP_FACTOR = 3
+
+
+def train_seconds(flops: int, samples: int, epochs: int, profile: DeviceProfile) -> float:
+    """Seconds the device needs to train a model of ``flops`` per image for ``epochs`` over ``samples``
+    images at its sustained throughput (``profile.gflops``)."""
+    return TRAIN_FLOP_FACTOR * flops * samples * epochs / (profile.gflops * 1e9)
+
+
+def trains_in_time(flops: int, samples: int, epochs: int, profile: DeviceProfile) -> str | None:
+    """``None`` when the final training fits ``FINAL_TRAINING_SHARE`` of the device's time budget, else
+    the message: a model that fits every other budget can still take the device hours to train."""
+    need = train_seconds(flops, samples, epochs, profile)
+    limit = FINAL_TRAINING_SHARE * profile.time_budget_s
+    if need > limit:
+        return (
+            f"training {epochs} epochs on {samples} images takes ~{need:.0f} s at {profile.gflops:g} GFLOP/s "
+            f"over {limit:.0f} s ({FINAL_TRAINING_SHARE:g} of time_budget_s) of profile {profile.name!r}"
+        )
     return None
 
 
@@ -372,3 +410,54 @@ def measure_device(
         time_budget_s=TIME_BUDGET_S,
         cores=cores,
     )
+
+
+def _core_times() -> dict[int, tuple[int, int]]:
+    """(busy, total) clock ticks per core since boot, from /proc/stat; {} where it cannot be read."""
+    times: dict[int, tuple[int, int]] = {}
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            for line in fh:
+                name, *values = line.split()
+                if name.startswith("cpu") and name[3:].isdigit():
+                    ticks = [int(v) for v in values[:8]]
+                    idle = ticks[3] + ticks[4]  # idle + iowait
+                    times[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+    except (OSError, ValueError, IndexError):
+        return {}
+    return times
+
+
+def free_cores(seconds: float = 0.2) -> int:
+    """How many of the cores this process may run on were mostly idle over the last ``seconds``.
+
+    A shared machine (another job, a busy loop) leaves fewer free cores than it has: torch's threads
+    placed on a busy core wait at every parallel region's barrier for the slowest one (measured here: a
+    busy loop on one of two cores made the 2-thread server phase 2.55x slower). Falls back to the
+    affinity size where /proc/stat cannot be read. Never less than 1.
+    """
+    affinity = (
+        os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    )
+    before = _core_times()
+    time.sleep(seconds)
+    after = _core_times()
+    if not before or not after:
+        return max(1, len(affinity))
+    free = 0
+    for core in affinity:
+        if core in before and core in after:
+            busy = after[core][0] - before[core][0]
+            total = after[core][1] - before[core][1]
+            free += total <= 0 or busy / total < BUSY_SHARE
+    return max(1, free)
+
+
+def usable_threads(requested: int | None = None) -> int:
+    """Threads for torch: ``requested`` when given, else the free cores, never more than torch's current
+    setting (so an outer limit, a worker's share or ``OMP_NUM_THREADS``, still holds)."""
+    if requested is not None:
+        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+            raise ConfigError(f"threads must be an integer >= 1, got {requested!r}")
+        return requested
+    return max(1, min(torch.get_num_threads(), free_cores()))

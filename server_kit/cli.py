@@ -169,7 +169,11 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
         help="ablation 'w/o ZSKD': train on the generating teacher's hard labels",
     )
     g.add_argument("--on-error", choices=["stop", "skip"], help="what to do with a bad bundle")
-    g.add_argument("--threads", type=int, help="torch threads on the server")
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads on the server (default: the cores that are free at the start)",
+    )
     g.add_argument(
         "--samples-per-teacher", type=int, help="pseudo-samples inverted from each teacher (N_syn)"
     )

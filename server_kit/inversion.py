@@ -43,6 +43,7 @@ from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
 from profiles.checks import from_preset
 from profiles.errors import ConfigError, DataError
+from server_kit.parallel import map_teachers
 
 __all__ = [
     "CONCENTRATION_EPS",
@@ -500,14 +501,14 @@ def synthesize_inversion(
         if label_counts is not None:
             manifest["label_counts"] = [[int(v) for v in row] for row in label_counts]
         _prepare_work_dir(work, manifest)
-    xs: list[Tensor] = []
-    teachers: list[Tensor] = []
-    classes: list[Tensor] = []
     bar = _progress(sum(len(p) for p in plans), progress, "inversion")
-    for k, (module, chunks) in enumerate(zip(modules, plans, strict=True)):
+
+    def one(k: int) -> list[tuple[Tensor, Tensor]]:
+        module, chunks = modules[k], plans[k]
         row = None if label_counts is None else list(label_counts[k])
         concentrations = _concentrations_of(module, num_classes, row)
         base = teacher_seed(seed, k)
+        out: list[tuple[Tensor, Tensor]] = []
         with _frozen(module):
             module.to(dev)
             for i, chunk in enumerate(chunks):
@@ -522,12 +523,24 @@ def synthesize_inversion(
                     )  # fmt: skip
                     if path is not None:
                         _save_chunk(path, x, k, c)
-                xs.append(x)
-                classes.append(c)
-                teachers.append(torch.full((len(chunk),), k, dtype=torch.int64))
+                out.append((x, c))
                 _advance(bar, loss)
+        return out
+
+    # teachers side by side, one per core (each chunk has its own seed: the schedule changes nothing)
+    per_teacher = map_teachers(one, modules, device=dev, costs=[_cost(m, shape) for m in modules])
+    xs = [x for chunks in per_teacher for x, _ in chunks]
+    classes = [c for chunks in per_teacher for _, c in chunks]
+    teachers = [
+        torch.full((len(c),), k, dtype=torch.int64) for k, chunks in enumerate(per_teacher) for _, c in chunks
+    ]
     _close(bar)
     return SyntheticSet(x=torch.cat(xs), teacher=torch.cat(teachers), target_class=torch.cat(classes))
+
+
+def _cost(module: nn.Module, shape: tuple[int, int, int]) -> int:
+    """Parameters x spatial size: a cheap stand-in for a teacher's FLOPs, to start the largest first."""
+    return sum(p.numel() for p in module.parameters()) * shape[1] * shape[2]
 
 
 def _teacher_plans(

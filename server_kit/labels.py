@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from profiles.errors import ConfigError
 from server_kit.abstain import own_probability
+from server_kit.parallel import map_teachers
 
 __all__ = [
     "LABEL_RULES",
@@ -196,17 +197,28 @@ def _vote(
     sample with the weight of its own probability that the sample is one of its classes.
 
     Every teacher runs once whatever the number of rules (running a teacher is the cost; weighing is a
-    product), and the teachers are accumulated one at a time, so memory is O(rules x N x L) whatever K is.
+    product); the teachers' probabilities (K x N x L) are held until they are summed in teacher order.
     """
     if not modules:
         raise ConfigError("labelling needs at least one teacher")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     totals: list[Tensor] | None = None
-    for j, module in enumerate(modules):
-        probs, own = _probs_and_own(
-            module, x, tau=tau, held=None if held is None else held[j], batch_size=batch_size, device=device
-        )
+    # the teachers run side by side (one per core); their votes are summed in teacher order
+    outputs = map_teachers(
+        lambda j: _probs_and_own(
+            modules[j],
+            x,
+            tau=tau,
+            held=None if held is None else held[j],
+            batch_size=batch_size,
+            device=device,
+        ),
+        modules,
+        device=device,
+        costs=[sum(p.numel() for p in m.parameters()) for m in modules],
+    )
+    for j, (probs, own) in enumerate(outputs):
         if totals is not None and probs.shape != totals[0].shape:
             raise ConfigError(
                 f"teacher {j} predicts {probs.shape[1]} classes, teacher 0 {totals[0].shape[1]}"

@@ -25,7 +25,9 @@ from typing import Any
 
 from edge_sdk.client import ClientConfig, decoder_bundle_path, run_client
 from edge_sdk.cvae import CVAEConfig
+from edge_sdk.profiling import usable_threads
 from edge_sdk.search import SearchConfig
+from edge_sdk.train import release_memory
 from export.atomic import atomic_write_json
 from profiles import load_profile
 from profiles.errors import BundleError, ConfigError
@@ -161,6 +163,17 @@ def _uploads(bundle_path: Path) -> list[Path]:
     return [bundle_path, decoder] if report.get("role") == "both" else [bundle_path]
 
 
+def _client_sizes(data_dir: Path, num_clients: int) -> list[int]:
+    """Examples per client from the partition manifest (all equal when it does not say)."""
+    try:
+        sizes = json.loads((data_dir / "partition.json").read_text(encoding="utf-8"))["sizes"]
+        if len(sizes) == num_clients and all(isinstance(v, int) for v in sizes):
+            return list(sizes)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return [0] * num_clients
+
+
 def _partition(config: SimulateConfig, data_dir: Path) -> list[Path]:
     from edge_sdk.data import partition
 
@@ -200,10 +213,12 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
     out = config.out_dir
     names = assign_profiles(config.num_clients, config.profiles, config.profile_map)
     seconds: dict[str, float] = {}
+    started_at = time.time()  # phases follow in the order of ``seconds`` (benchmarks/speed.py)
     wall = time.perf_counter()
 
     t0 = time.perf_counter()
     data_paths = _partition(config, out / "data")
+    release_memory()  # the whole dataset was in this process; the workers read only their files
     seconds["partition"] = time.perf_counter() - t0
 
     # --- clients (each one is a device); reuse finished bundles so a killed run resumes ----------------
@@ -217,12 +232,16 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
         for k in range(config.num_clients)
         if not _finished(bundles[k], json.loads(json.dumps(client_configs[k].to_dict())))
     ]
+    # largest clients first (longest-processing-time order): the last job to start is a short one, so
+    # the workers finish close together instead of one waiting on a big client started last
+    sizes = _client_sizes(out / "data", config.num_clients)
+    todo.sort(key=lambda k: (-sizes[k], k))
     jobs = [(str(data_paths[k]), str(bundles[k]), names[k], client_configs[k]) for k in todo]
     if config.jobs == 1 or len(jobs) <= 1:
         for job in jobs:
             _run_one(*job)
     else:
-        threads = max(1, (os.cpu_count() or 1) // config.jobs)
+        threads = max(1, usable_threads() // config.jobs)
         ctx = multiprocessing.get_context("spawn")
         with cf.ProcessPoolExecutor(
             config.jobs, mp_context=ctx, initializer=_limit_threads, initargs=(threads,)
@@ -243,6 +262,7 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
 
     # --- per-client metrics (local val accuracy; accuracy of its own model on the global test set) -----
     t0 = time.perf_counter()
+    eval_threads = usable_threads()
     clients = []
     for k, path in enumerate(bundles):
         bundle = read_bundle(path)
@@ -260,9 +280,9 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
         if bundle.kind == "classifier":
             row |= {
                 "val_accuracy": m["val_accuracy"],
-                "test_accuracy": evaluate_onnx(bundle.model_onnx, test, unknown_output=bundle.unknown_output)[
-                    "accuracy"
-                ],
+                "test_accuracy": evaluate_onnx(
+                    bundle.model_onnx, test, unknown_output=bundle.unknown_output, threads=eval_threads
+                )["accuracy"],
                 "flops": m["flops"],
                 "params": m["params"],
                 "candidate_epochs": m["candidate_epochs"],
@@ -289,6 +309,8 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
         "synthetic_size": agg.synthetic_size,
         "resumed_clients": config.num_clients - len(todo),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "started_at": started_at,
+        "phase_order": list(seconds),  # the file's keys are written sorted
         "server_report": str(agg.report_path.relative_to(out)),
     }
     atomic_write_json(out / "results.json", results)

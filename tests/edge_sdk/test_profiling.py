@@ -7,7 +7,16 @@ import torch
 from torch import nn
 
 from edge_sdk.arch import ChainSpec, build_model
-from edge_sdk.profiling import ModelProfile, count_flops, fits, measure_device, profile_model
+from edge_sdk.profiling import (
+    ModelProfile,
+    count_flops,
+    fits,
+    measure_device,
+    profile_model,
+    train_seconds,
+    trains_in_time,
+    usable_threads,
+)
 from profiles import DeviceProfile
 from profiles.errors import ConfigError, SpecError
 
@@ -175,3 +184,32 @@ def test_measure_device() -> None:
         measure_device(seconds=0)
     with pytest.raises(ConfigError, match="role must be one of"):
         measure_device(seconds=0.1, role="server")
+
+
+def test_train_seconds_and_the_time_budget() -> None:
+    profile = device(gflops=2.0, time_budget_s=100.0)
+    assert train_seconds(1_000_000, 1000, 10, profile) == pytest.approx(3 * 1e6 * 1000 * 10 / 2e9)
+    assert trains_in_time(1_000_000, 1000, 10, profile) is None  # 15 s of a 50 s share
+    message = trains_in_time(10_000_000, 1000, 10, profile)  # 150 s
+    assert message is not None and "150 s" in message and "time_budget_s" in message
+
+
+def test_free_cores_counts_mostly_idle_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    import edge_sdk.profiling as profiling
+
+    readings = iter([{0: (0, 0), 1: (0, 0)}, {0: (95, 100), 1: (10, 100)}])
+    monkeypatch.setattr(profiling, "_core_times", lambda: next(readings))
+    monkeypatch.setattr(profiling.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert profiling.free_cores(0.0) == 1  # core 0 was 95 % busy
+    readings = iter([{0: (0, 0), 1: (0, 0)}, {0: (90, 100), 1: (80, 100)}])
+    assert profiling.free_cores(0.0) == 1  # never fewer than one
+    readings = iter([{}, {}])
+    assert profiling.free_cores(0.0) == 2  # /proc/stat unreadable: the affinity
+
+
+def test_usable_threads() -> None:
+    assert usable_threads(3) == 3
+    assert 1 <= usable_threads() <= torch.get_num_threads()
+    for bad in (0, True, 1.5):
+        with pytest.raises(ConfigError, match="threads"):
+            usable_threads(bad)  # type: ignore[arg-type]

@@ -360,3 +360,21 @@ def test_presets() -> None:
     assert SearchConfig.preset("paper", repeats=2).repeats == 2
     with pytest.raises(ConfigError, match="unknown search preset"):
         SearchConfig.preset("slow")
+
+
+def test_training_time_is_part_of_the_budget(digits, trained_specs) -> None:  # type: ignore[no-untyped-def]
+    """A candidate whose final training (finalists' shared epochs included) would take the device longer
+    than half its time budget is rejected before any training, with the estimate in the message."""
+    train, val = digits
+    config = _fast(max_train_samples=100)
+    epochs = config.final_epochs + (config.finalists - 1) * config.finalist_epochs()
+    # 3 x FLOPs x 500 images x epochs / (1 GFLOP/s) <= 0.5 x budget admits models up to ~0.5 MFLOP
+    budget = 2 * 3 * 500_000 * len(train) * epochs / 1e9
+    profile = _profile(gflops=1.0, time_budget_s=budget)
+    result = search(train, val, profile=profile, config=config, seed=0)
+    slow = [e for e in result.evaluations if e.rejected is not None]
+    assert slow and all("time_budget_s" in e.rejected and e.flops > 500_000 for e in slow)
+    assert all(e.flops <= 500_000 for e in result.evaluations if e.rejected is None)
+    assert not {e.spec for e in slow} & {spec for spec, _ in trained_specs}
+    with pytest.raises(BudgetError, match="tightest budget: time_budget_s"):
+        search(train, val, profile=_profile(time_budget_s=1e-6), config=config, seed=0)

@@ -1,0 +1,61 @@
+"""Per-teacher work spread over the cores: one teacher per thread, every op single-threaded inside it.
+
+The server's heaviest phases (inversion, the vote) run each teacher on its own: ten small CNNs on
+28x28 maps. Splitting every op of one teacher over the cores (torch's intra-op threads) makes the
+cores meet at a barrier after each small op; running two teachers side by side, one per core, keeps
+both busy with no barrier at all (torch releases the GIL inside its kernels). Measured on the 2-core
+benchmark machine: benchmarks/RESULTS.md, "Speed".
+
+The results come back in teacher order and each task draws only from its own seeded generators, so
+the output does not depend on the schedule; the caller's thread setting is restored afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import torch
+
+__all__ = ["map_teachers"]
+
+T = TypeVar("T")
+
+
+def map_teachers(
+    fn: Callable[[int], T],
+    modules: Sequence[torch.nn.Module],
+    *,
+    device: torch.device | str = "cpu",
+    costs: Sequence[float] | None = None,
+) -> list[T]:
+    """``[fn(0), ..., fn(K - 1)]`` for the K ``modules``, on ``torch.get_num_threads()`` threads of one
+    op-thread each; ``fn(k)`` may touch ``modules[k]`` only (its hooks, its flags).
+
+    ``costs`` (one per teacher, e.g. its FLOPs) start the largest first, so the threads finish together.
+    On a GPU, with one thread, or when one module object is listed twice (two threads would share its
+    hooks), the tasks run in order in the calling thread.
+    """
+    count = len(modules)
+    workers = min(torch.get_num_threads(), count)
+    shared = len({id(m) for m in modules}) < count
+    if workers <= 1 or shared or torch.device(device).type != "cpu":
+        return [fn(k) for k in range(count)]
+    order = list(range(count))
+    if costs is not None:
+        order.sort(key=lambda k: (-float(costs[k]), k))
+    grad = torch.is_grad_enabled()  # grad mode is per thread: the workers take the caller's
+
+    def run(k: int) -> T:
+        with torch.set_grad_enabled(grad):
+            return fn(k)
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="teacher") as pool:
+            done = dict(zip(order, pool.map(run, order), strict=True))
+    finally:
+        torch.set_num_threads(previous)
+    return [done[k] for k in range(count)]

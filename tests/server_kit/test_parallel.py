@@ -1,0 +1,55 @@
+"""Teachers side by side (server_kit.parallel): same results as one after the other, in teacher order."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from server_kit.inversion import synthesize_inversion
+from server_kit.labels import consensus
+from server_kit.parallel import map_teachers
+from tests.server_kit.test_inversion import SHAPE, L, _teachers, config
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_map_teachers_keeps_order_threads_and_grad_mode(two_threads: None) -> None:
+    modules = [nn.Linear(2, 2) for _ in range(5)]
+    names: set[str] = set()
+
+    def fn(k: int) -> tuple[int, bool, int]:
+        names.add(threading.current_thread().name)
+        return k, torch.is_grad_enabled(), torch.get_num_threads()
+
+    with torch.no_grad():
+        out = map_teachers(fn, modules, costs=[1, 5, 2, 4, 3])
+    assert [k for k, _, _ in out] == list(range(5))
+    assert not any(grad for _, grad, _ in out)  # the caller's no_grad reaches the workers
+    assert all(threads == 1 for _, _, threads in out)  # one op-thread each
+    assert all(name.startswith("teacher") for name in names)
+    assert torch.get_num_threads() == 2  # restored
+    # one module listed twice shares hooks and flags: run in order in the caller's thread
+    caller = threading.current_thread().name
+    seen = map_teachers(lambda k: threading.current_thread().name, [modules[0], modules[0]])
+    assert seen == [caller, caller]
+
+
+def test_parallel_inversion_and_vote_equal_the_serial_ones(two_threads: None) -> None:
+    teachers, cfg = _teachers(), config()
+    parallel = synthesize_inversion(teachers, num_classes=L, input_shape=SHAPE, config=cfg, seed=4)
+    votes = consensus(teachers, parallel.x, tau=2.0)
+    torch.set_num_threads(1)
+    serial = synthesize_inversion(teachers, num_classes=L, input_shape=SHAPE, config=cfg, seed=4)
+    assert torch.equal(parallel.x, serial.x) and torch.equal(parallel.teacher, serial.teacher)
+    assert torch.equal(parallel.target_class, serial.target_class)
+    assert torch.equal(votes, consensus(teachers, serial.x, tau=2.0))
