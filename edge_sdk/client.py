@@ -129,6 +129,8 @@ class TrainedModel:
     num_examples: int
     metrics: dict[str, Any]
     unknown_output: bool = False  # the module has num_classes + 1 outputs, the last "unknown"
+    # the optimizer it was trained with, to go on training (the chosen finalist); never serialised
+    optimizer: torch.optim.Optimizer | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -258,11 +260,13 @@ def train_final(
     progress: bool = False,
     init: torch.nn.Module | None = None,
     unknown_output: bool = False,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> TrainedModel:
     """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
 
     ``init`` (a module of exactly this architecture: a subnet extracted from a supernet, or a finalist
-    that trains on) is trained in place instead of a freshly initialised model. ``unknown_output`` adds
+    that trains on, with its ``optimizer`` to keep Adam's moments) is trained in place instead of a
+    freshly initialised model. ``unknown_output`` adds
     the "none of my classes" output (:mod:`edge_sdk.outliers`); the validation accuracy then counts an
     image called unknown as wrong.
     """
@@ -282,8 +286,12 @@ def train_final(
         with torch.random.fork_rng():  # seeded weight init without touching the caller's global RNG
             torch.manual_seed(seed)
             model = build_model(spec, train_split.input_shape, num_classes + int(unknown_output))
+    if optimizer is not None and init is None:
+        raise ConfigError("an optimizer continues a model: pass that model as init")
     dev = resolve_device(device)
     start = time.perf_counter()
+    if optimizer is None:
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     losses = train(
         model,
         train_split,
@@ -291,6 +299,7 @@ def train_final(
         seed=seed,
         device=dev,
         progress=progress,
+        optimizer=optimizer,
     )
     val_loss, val_acc = evaluate(model, val_split, device=dev)
     model = model.cpu().eval()
@@ -312,6 +321,7 @@ def train_final(
         num_examples=len(train_split),
         metrics=metrics,
         unknown_output=unknown_output,
+        optimizer=optimizer,
     )
 
 
@@ -587,11 +597,11 @@ def _train_finalists(
         row["chosen"] = i == chosen
     best = trained_all[chosen]
     rest = search_config.final_epochs - shared
-    if rest > 0:  # the winner goes on from where it stopped (its own stream of batch orders)
+    if rest > 0:  # the winner goes on where it stopped, Adam's moments kept (new batch orders)
         done = best.metrics["train_seconds"]
         best = train_final(
             best.arch, train_split, val_split, epochs=rest, seed=derive_seed(config.seed, FINALIST_STREAM),
-            init=best.module, **common,
+            init=best.module, optimizer=best.optimizer, **common,
         )  # fmt: skip
         best = dataclasses.replace(
             best,

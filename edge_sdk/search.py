@@ -129,7 +129,7 @@ class SearchConfig:
             split, and only the most accurate on validation goes on to ``final_epochs``. 1.0 trains every
             finalist fully. Measured on the MNIST clients (benchmarks/RESULTS.md, "Speed"): the three
             full trainings cost 2.5x the winner's alone, while the finalists' validation accuracies
-            were within 1.5 points of each other; a quarter of the epochs on all the data is 4-10x the
+            spanned 0-1.8 points (median 0.55); a quarter of the epochs on all the data is 4-10x the
             data the search's fitness saw, and the cost falls from 3 to 1.5 final trainings.
     """
 

@@ -153,8 +153,12 @@ def train(
     seed: int,
     device: str | torch.device = "cpu",
     progress: bool = False,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> list[float]:
     """Train ``model`` in place with Adam and cross-entropy; returns the mean training loss of each epoch.
+
+    ``optimizer`` (over ``model``'s parameters) continues an earlier run with its moments, as if it had
+    not stopped; None starts a fresh Adam from ``config``.
 
     ``seed`` fixes the batch order, Dropout and the outliers, so the same model, data and seed give
     identical weights. With ``config.unknown_output`` each batch gets outliers labelled
@@ -169,7 +173,8 @@ def train(
     y = train.y.to(device=device, dtype=torch.long)
     n = len(y)
     bounds = _batches(n, config.batch_size)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    if optimizer is None:
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     order_rng = torch.Generator(device="cpu").manual_seed(seed)
     outlier_rng = torch.Generator(device="cpu").manual_seed(derive_seed(seed, OUTLIER_STREAM))
     unknown = train.num_classes if config.unknown_output else None

@@ -80,3 +80,23 @@ def test_one_standard_error_rule_prefers_the_cheaper_of_near_ties() -> None:
     assert _one_standard_error(rows, 400) == 1  # SE = sqrt(0.99 * 0.01 / 400) = 0.5 points
     assert _one_standard_error(rows, 40_000) == 0  # SE = 0.05 points: only the best is near
     assert _one_standard_error([{**rows[0], "val_accuracy": 1.0}, rows[1]], 400) == 0
+
+
+def test_train_final_goes_on_with_the_optimizer_it_is_given() -> None:
+    from edge_sdk.client import train_final
+    from edge_sdk.data import split_train_val
+
+    train_split, val_split = split_train_val(
+        load_dataset("digits").subset(np.arange(300)), val_fraction=0.2, seed=0
+    )
+    first = train_final("C4k3-P-F10", train_split, val_split, epochs=1, seed=0)
+    assert first.optimizer is not None
+    weight = next(first.module.parameters())
+    steps = int(first.optimizer.state[weight]["step"])
+    more = train_final(
+        "C4k3-P-F10", train_split, val_split, epochs=1, seed=1, init=first.module, optimizer=first.optimizer
+    )
+    assert more.optimizer is first.optimizer and more.module is first.module
+    assert int(more.optimizer.state[weight]["step"]) == 2 * steps  # Adam's moments went on
+    with pytest.raises(ConfigError, match="init"):
+        train_final("C4k3-P-F10", train_split, val_split, epochs=1, seed=0, optimizer=first.optimizer)
