@@ -126,11 +126,12 @@ class SearchConfig:
             ``finalists - 1`` extra final trainings. 1 = Algorithm 2 (``paper``).
         finalist_share: ours, successive halving of the finalists: each trains
             :meth:`finalist_epochs` (this share of ``final_epochs``, at least one) on the whole training
-            split, and only the most accurate on validation goes on to ``final_epochs``. 1.0 trains every
-            finalist fully. Measured on the MNIST clients (benchmarks/RESULTS.md, "Speed"): the three
-            full trainings cost 2.5x the winner's alone, while the finalists' validation accuracies
-            spanned 0-1.8 points (median 0.55); a quarter of the epochs on all the data is 4-10x the
-            data the search's fitness saw, and the cost falls from 3 to 1.5 final trainings.
+            split, and one goes on to ``final_epochs``: the cheapest within one standard error of the
+            most accurate on validation (``edge_sdk.client``). 1.0 trains every finalist fully.
+            Measured on the MNIST clients (benchmarks/RESULTS.md, "Speed"): the three full trainings
+            cost 2.5x the winner's alone, while the finalists' validation accuracies spanned 0-1.8
+            points (median 0.55); a quarter of the epochs on all the data is 4-10x the data the
+            search's fitness saw, and the cost falls from 3 to 1.5 final trainings.
     """
 
     strategy: str = "pso"
@@ -469,7 +470,8 @@ class _Evaluator:
         """The device-time budget: the final training of this candidate, the finalists' shared epochs
         included, at the profile's GFLOP/s (a model that fits in memory and FLOPs can still need hours)."""
         cfg = self.config
-        epochs = cfg.final_epochs + (cfg.finalists - 1) * cfg.finalist_epochs()
+        shared = (cfg.finalists - 1) * cfg.finalist_epochs() if cfg.strategy == "pso" else 0  # PSO only
+        epochs = cfg.final_epochs + shared
         samples = self.final_samples or len(self.train_split)
         need = train_seconds(flops, samples, epochs, self.profile)
         self.needs["time_budget_s"] = min(

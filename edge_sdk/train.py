@@ -46,7 +46,7 @@ __all__ = [
 OUTLIER_FRACTION = 0.5
 OUTLIER_STREAM = 2
 # images per evaluation batch: a 96-channel 28x28 layer holds 77 MB of activations at 256 images and
-# 308 MB at 1024, where one search candidate used to grow a client's heap past 1.4 GB for good
+# 308 MB at 1024, and an evaluation's peak becomes the process's size (see release_memory)
 EVAL_BATCH = 256
 _MALLOC_TRIM: Any = None  # libc's malloc_trim, False where there is none, None until first looked up
 
@@ -54,9 +54,9 @@ _MALLOC_TRIM: Any = None  # libc's malloc_trim, False where there is none, None 
 def release_memory() -> None:
     """Hand freed heap pages back to the OS (glibc's ``malloc_trim``; nothing elsewhere).
 
-    glibc keeps freed memory in the process heap, so a client process that once evaluated a wide model
-    stays that large while it trains everything after it; with two client workers and the server beside
-    them, that is what set a simulation's memory peak. Called after each training run and evaluation.
+    glibc keeps much of the freed memory in the process heap, so a process that once ran a wide model
+    can stay that large while it trains everything after it; in a simulation two client workers and the
+    server each keep their own. Called after each training run, evaluation, client and synthesis source.
     """
     global _MALLOC_TRIM
     if _MALLOC_TRIM is None:
