@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from export.atomic import atomic_write_json
+
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
@@ -316,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
         "series": _decimate(sampler),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    atomic_write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k not in ("phases", "series")}, indent=2))
     for row in result["phases"]:
         print(row)
