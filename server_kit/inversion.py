@@ -528,7 +528,7 @@ def synthesize_inversion(
         return out
 
     # teachers side by side, one per core (each chunk has its own seed: the schedule changes nothing)
-    per_teacher = map_teachers(one, modules, device=dev, costs=[_cost(m, shape) for m in modules])
+    per_teacher = map_teachers(one, modules, device=dev)
     xs = [x for chunks in per_teacher for x, _ in chunks]
     classes = [c for chunks in per_teacher for _, c in chunks]
     teachers = [
@@ -536,11 +536,6 @@ def synthesize_inversion(
     ]
     _close(bar)
     return SyntheticSet(x=torch.cat(xs), teacher=torch.cat(teachers), target_class=torch.cat(classes))
-
-
-def _cost(module: nn.Module, shape: tuple[int, int, int]) -> int:
-    """Parameters x spatial size: a cheap stand-in for a teacher's FLOPs, to start the largest first."""
-    return sum(p.numel() for p in module.parameters()) * shape[1] * shape[2]
 
 
 def _teacher_plans(

@@ -216,7 +216,6 @@ def _vote(
         ),
         modules,
         device=device,
-        costs=[sum(p.numel() for p in m.parameters()) for m in modules],
     )
     for j, (probs, own) in enumerate(outputs):
         if totals is not None and probs.shape != totals[0].shape:

@@ -28,23 +28,20 @@ def map_teachers(
     modules: Sequence[torch.nn.Module],
     *,
     device: torch.device | str = "cpu",
-    costs: Sequence[float] | None = None,
 ) -> list[T]:
     """``[fn(0), ..., fn(K - 1)]`` for the K ``modules``, on ``torch.get_num_threads()`` threads of one
     op-thread each; ``fn(k)`` may touch ``modules[k]`` only (its hooks, its flags).
 
-    ``costs`` (one per teacher, e.g. its FLOPs) start the largest first, so the threads finish together.
-    On a GPU, with one thread, or when one module object is listed twice (two threads would share its
-    hooks), the tasks run in order in the calling thread.
+    The teachers with the most parameters (a stand-in for their FLOPs) start first, so the threads
+    finish together. On a GPU, with one thread, or when one module object is listed twice (two threads
+    would share its hooks), the tasks run in order in the calling thread.
     """
     count = len(modules)
     workers = min(torch.get_num_threads(), count)
     shared = len({id(m) for m in modules}) < count
     if workers <= 1 or shared or torch.device(device).type != "cpu":
         return [fn(k) for k in range(count)]
-    order = list(range(count))
-    if costs is not None:
-        order.sort(key=lambda k: (-float(costs[k]), k))
+    order = sorted(range(count), key=lambda k: (-sum(p.numel() for p in modules[k].parameters()), k))
     grad = torch.is_grad_enabled()  # grad mode is per thread: the workers take the caller's
 
     def run(k: int) -> T:

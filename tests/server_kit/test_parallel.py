@@ -24,7 +24,7 @@ def two_threads() -> Iterator[None]:
 
 
 def test_map_teachers_keeps_order_threads_and_grad_mode(two_threads: None) -> None:
-    modules = [nn.Linear(2, 2) for _ in range(5)]
+    modules = [nn.Linear(2, n) for n in (1, 5, 2, 4, 3)]  # the largest start first
     names: set[str] = set()
 
     def fn(k: int) -> tuple[int, bool, int]:
@@ -32,7 +32,7 @@ def test_map_teachers_keeps_order_threads_and_grad_mode(two_threads: None) -> No
         return k, torch.is_grad_enabled(), torch.get_num_threads()
 
     with torch.no_grad():
-        out = map_teachers(fn, modules, costs=[1, 5, 2, 4, 3])
+        out = map_teachers(fn, modules)
     assert [k for k, _, _ in out] == list(range(5))
     assert not any(grad for _, grad, _ in out)  # the caller's no_grad reaches the workers
     assert all(threads == 1 for _, _, threads in out)  # one op-thread each
