@@ -13,11 +13,14 @@ summed too, which counts them once per process) and writes:
 - ``phases``: when the command wrote a ``results.json`` (simulate) or ``report.json`` (aggregate) with a
   ``timeline`` (phase, start and end, Unix seconds), each phase's seconds, CPU seconds of the tree and
   peak PSS, and for the phases whose work is counted (``flop`` in the timeline) the achieved GFLOP/s
-  and its fraction of the machine's measured peak (``edge_sdk.profiling.measure_device``, the number
-  `edge-sdk profile` writes, taken before the command with all cores).
+  and its fraction of the machine's measured peak in the precision the phase ran in: float32
+  (``edge_sdk.profiling.measure_device``, the number `edge-sdk profile` writes) or bfloat16 (the same
+  micro-benchmarks under autocast, :func:`edge_sdk.profiling.measure_throughput`), both taken before
+  the command with all cores.
 
 ``--busy-core N`` starts a single-threaded busy loop pinned to core N for the duration of the command
-(the issue's "shared machine" condition); ``--peak-gflops`` skips the peak measurement.
+(the issue's "shared machine" condition); ``--peak-gflops`` (and ``--peak-bf16-gflops``) skip the peak
+measurement.
 """
 
 from __future__ import annotations
@@ -114,14 +117,26 @@ def _busy(core: int) -> subprocess.Popen[bytes]:
 
 
 def peak_gflops() -> dict[str, Any]:
-    """The machine's measured peak with all its cores (what `edge-sdk profile` measures)."""
+    """The machine's measured peak with all its cores: float32 (what `edge-sdk profile` writes) and, where
+    the CPU computes bfloat16 natively, the same micro-benchmarks in bfloat16 autocast (the peak of a run
+    whose forward passes run in bf16, the ``auto`` default there)."""
     import torch
 
-    from edge_sdk.profiling import measure_device
+    from edge_sdk.precision import native_bf16
+    from edge_sdk.profiling import measure_device, measure_throughput
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     profile = measure_device(seconds=4.0)
-    return {"gflops": profile.gflops, "source": profile.gflops_source, "threads": torch.get_num_threads()}
+    bf16 = None
+    if native_bf16("cpu"):
+        measured = measure_throughput(seconds=4.0, precision="bf16")
+        bf16 = round(min(measured["conv"], measured["matmul"]), 3)
+    return {
+        "gflops": profile.gflops,
+        "bf16_gflops": bf16,
+        "source": profile.gflops_source,
+        "threads": torch.get_num_threads(),
+    }
 
 
 # the order the server runs its phases in, for reports written before they recorded it ("phase_order")
@@ -152,10 +167,12 @@ def _arch_flops(arch: str, input_shape: tuple[int, int, int]) -> int:
     return int(parse_arch(arch).cost(input_shape)[0])
 
 
-def _client_flop(run_dir: Path, results: dict[str, Any], shape: tuple[int, int, int]) -> float:
+def _client_flop(run_dir: Path, results: dict[str, Any], shape: tuple[int, int, int]) -> tuple[float, str]:
     """Training FLOPs of the client phase: every candidate and finalist epoch (3 x forward per sample
-    trained: forward, input gradients, weight gradients), plus one forward per validation image."""
+    trained: forward, input gradients, weight gradients), plus one forward per validation image; and the
+    precision the clients trained in (``mixed`` when they differ; fp32 for reports that do not say)."""
     total = 0.0
+    precisions: set[str] = set()
     for row in results["clients"]:
         path = run_dir / "clients" / f"client_{row['client']:02d}.bundle.report.json"
         report = json.loads(path.read_text(encoding="utf-8"))
@@ -165,6 +182,7 @@ def _client_flop(run_dir: Path, results: dict[str, Any], shape: tuple[int, int, 
         cfg = report["config"]["search"]
         n_val = round(n_train * report["config"]["val_fraction"] / (1 - report["config"]["val_fraction"]))
         subset = min(n_train, cfg["max_train_samples"] or n_train)
+        precisions.add(report["config"].get("precision", "fp32"))
         for e in report["search"]["evaluations"]:
             if e["epochs"]:
                 total += e["flops"] * (3 * subset * e["epochs"] + n_val)
@@ -172,7 +190,7 @@ def _client_flop(run_dir: Path, results: dict[str, Any], shape: tuple[int, int, 
             flops = _arch_flops(f["arch"], shape)
             epochs = f.get("final_epochs", f.get("epochs", cfg["final_epochs"]))
             total += flops * (3 * n_train * epochs + n_val * (2 if "final_epochs" in f else 1))
-    return total
+    return total, (precisions.pop() if len(precisions) == 1 else "mixed")
 
 
 def _server_flop(report: dict[str, Any]) -> dict[str, float]:
@@ -214,7 +232,7 @@ def timeline(paths: list[Path]) -> list[dict[str, Any]]:
                 start, {"seconds": {k: sec[k] for k in ("partition", "clients")}}, ("partition", "clients")
             )
             shape = tuple(report["student"]["input_shape"])
-            rows[-1]["flop"] = _client_flop(run_dir, data, shape)
+            rows[-1]["flop"], rows[-1]["precision"] = _client_flop(run_dir, data, shape)
             server_start = report.get("started_at", rows[-1]["end"])
             server = _windows(server_start, report, SERVER_ORDER, "server_")
             end = server_start + report["seconds"]["total"]
@@ -226,9 +244,11 @@ def timeline(paths: list[Path]) -> list[dict[str, Any]]:
             report = data
             rows = server = _windows(start, report, SERVER_ORDER, "server_")
         flop = _server_flop(report)
+        precision = report["config"].get("precision", "fp32")  # resolved; older reports: float32
         for row in server:
             if row["phase"].removeprefix("server_") in flop:
                 row["flop"] = flop[row["phase"].removeprefix("server_")]
+                row["precision"] = precision
         return rows
     return []
 
@@ -237,7 +257,9 @@ def _window(series: list[tuple[float, ...]], start: float, end: float) -> list[t
     return [s for s in series if start <= s[0] <= end]
 
 
-def phase_table(sampler: Sampler, rows: list[dict[str, Any]], peak: float | None) -> list[dict[str, Any]]:
+def phase_table(sampler: Sampler, rows: list[dict[str, Any]], peak: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per phase: seconds, CPU seconds, peak PSS and, for the counted phases, GFLOP/s and the
+    fraction of the measured peak of the precision the phase ran in (bf16 or fp32)."""
     table = []
     for entry in rows:
         start, end = float(entry["start"]), float(entry["end"])
@@ -255,8 +277,10 @@ def phase_table(sampler: Sampler, rows: list[dict[str, Any]], peak: float | None
             gflops = entry["flop"] / max(end - start, 1e-9) / 1e9
             row["gflop"] = round(entry["flop"] / 1e9, 1)
             row["gflops"] = round(gflops, 2)
-            if peak:
-                row["fraction_of_peak"] = round(gflops / peak, 3)
+            row["precision"] = entry.get("precision", "fp32")
+            top = peak.get("bf16_gflops") if row["precision"] == "bf16" else peak.get("gflops")
+            if top:
+                row["fraction_of_peak"] = round(gflops / top, 3)
         table.append(row)
     return table
 
@@ -269,23 +293,62 @@ def _decimate(sampler: Sampler) -> list[list[float]]:
     return out
 
 
+def markdown(path: Path, peak: dict[str, Any] | None = None) -> str:
+    """The phase table of a written measurement as Markdown rows (phase | s | CPU s | peak PSS MB |
+    GFLOP | GFLOP/s | precision | fraction of that precision's peak); ``peak`` overrides the recorded one
+    (a file measured before the bf16 peak was taken)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    peak = peak or data["peak"]
+    lines = []
+    for row in data["phases"]:
+        precision = row.get("precision", "fp32")
+        top = peak.get("bf16_gflops") if precision == "bf16" else peak.get("gflops")
+        counted = "gflops" in row
+        cells = [
+            row["phase"],
+            f"{row['seconds']:.1f}",
+            "" if row["cpu_s"] is None else f"{row['cpu_s']:.1f}",
+            f"{row['peak_pss_mb']:,.0f}",
+            f"{row['gflop']:,.0f}" if counted else "",
+            f"{row['gflops']:.1f}" if counted else "",
+            precision if counted else "",
+            f"{row['gflops'] / top:.2f}" if counted and top else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    whole = f"{data['wall_s']:.1f} | {data['cpu_s']:.1f} | {data['peak_pss_mb']:,.0f}"
+    total = f"| whole command | {whole} | | | | |"
+    return "\n".join([*lines, total])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="measurement JSON to write (required unless --table)")
     parser.add_argument("--interval", type=float, default=0.25)
     parser.add_argument("--busy-core", type=int, default=None)
-    parser.add_argument("--peak-gflops", type=float, default=None, help="skip measuring the peak")
+    parser.add_argument("--peak-gflops", type=float, default=None, help="fp32 peak: skip measuring the peak")
+    parser.add_argument("--peak-bf16-gflops", type=float, default=None, help="bf16 peak (with --peak-gflops)")
     parser.add_argument(
         "--results", type=Path, action="append", default=[], help="results.json / report.json with a timeline"
     )
+    parser.add_argument(
+        "--table", type=Path, help="print the phase table of this written measurement as Markdown and exit"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    if args.table is not None:
+        given = {"gflops": args.peak_gflops, "bf16_gflops": args.peak_bf16_gflops}
+        print(markdown(args.table, given if args.peak_gflops else None))
+        return
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("give the command to measure after --")
-    peak = {"gflops": args.peak_gflops, "source": "given"} if args.peak_gflops else peak_gflops()
+    if not command or args.out is None:
+        parser.error("give --out and the command to measure after --")
+    peak = (
+        {"gflops": args.peak_gflops, "bf16_gflops": args.peak_bf16_gflops, "source": "given"}
+        if args.peak_gflops
+        else peak_gflops()
+    )
     busy = _busy(args.busy_core) if args.busy_core is not None else None
     try:
         start = time.time()
@@ -312,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         "peak_rss_sum_mb": round(max(s[2] for s in sampler.samples) / 1024, 1),
         "max_rss_mb": round(usage.ru_maxrss / 1024, 1),
         "peak": peak,
-        "phases": phase_table(sampler, rows, peak["gflops"]),
+        "phases": phase_table(sampler, rows, peak),
         "samples": len(sampler.samples),
         # one sample a second (unix time, tree PSS MB, tree CPU s): enough to recompute the table
         "series": _decimate(sampler),

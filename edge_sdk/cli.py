@@ -267,6 +267,7 @@ def cmd_search(args: argparse.Namespace) -> None:
         seed=args.seed,
         device=resolve_device(args.device),
         progress=not args.quiet,
+        precision=args.precision,
     )
     atomic_write_json(args.out, result.to_dict())
     print(
@@ -293,6 +294,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         device=args.device,
         progress=not args.quiet,
         unknown_output=args.unknown_output,
+        precision=args.precision,
     )
     save_trained_model(trained, args.out)
     print(f"{trained.arch}: val accuracy {trained.metrics['val_accuracy']:.4f}; wrote {args.out}")
@@ -322,6 +324,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         role=args.role,
         cvae=cvae_config(args),
         unknown_output=args.unknown_output,
+        precision=args.precision,
     )
     result = run_client(load_data(args), profile=load_profile(args.profile), config=config, out=args.out)
     m = result.metrics
@@ -458,6 +461,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--num-classes", type=int, help="class count when the data file does not record it")
         p.add_argument("--val-fraction", type=float, default=0.2, help="local validation split")
         p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+        p.add_argument(
+            "--precision",
+            default="auto",
+            choices=["auto", "fp32", "bf16"],
+            help="training precision: bf16 autocast where the hardware has it (auto, the default), or as "
+            "given; the exported model and its reported accuracy are float32",
+        )
         p.add_argument("--quiet", action="store_true", help="no progress bars")
         if seed:
             p.add_argument("--seed", type=int, default=0)

@@ -32,6 +32,7 @@ from edge_sdk.arch import ArchSpec, ChainSpec, Conv, Dense, Pool, build_model, p
 from edge_sdk.cvae import CVAE, CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
 from edge_sdk.elastic import ElasticSpec, extract, load_supernet, smallest
+from edge_sdk.precision import check_precision, resolve_precision
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
 from edge_sdk.train import TrainConfig, derive_seed, evaluate, release_memory, seeded, to_float, train
@@ -83,8 +84,12 @@ class ClientConfig:
     # the classifier gets an extra "unknown" output trained on corrupted local images (FedOV), so the
     # server can weigh it by how sure it is that a sample is one of its classes (server_kit.abstain)
     unknown_output: bool = False
+    # auto, fp32 or bf16 (edge_sdk.precision): the search's candidates and the final training run their
+    # forward passes in bfloat16 where the hardware has it; reported accuracies are measured in float32
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
+        check_precision(self.precision)
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
@@ -105,7 +110,8 @@ class ClientConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The settings a client report records (and a resume compares). ``unknown_output`` is written
-        only when set, so the reports of clients made before it existed still match their settings."""
+        only when set, so the reports of clients made before it existed still match their settings;
+        ``precision`` is written resolved."""
         out = {
             "search": dataclasses.asdict(self.search),
             "val_fraction": self.val_fraction,
@@ -114,7 +120,10 @@ class ClientConfig:
             "role": self.role,
             "cvae": self.cvae.to_dict(),
         }
-        return out | ({"unknown_output": True} if self.unknown_output else {})
+        # the precision that runs (auto resolved on this machine), so a resume on a machine where auto
+        # means another precision trains again
+        precision = resolve_precision(self.precision, resolve_device(self.device))
+        return out | ({"unknown_output": True} if self.unknown_output else {}) | {"precision": precision}
 
 
 @dataclass(frozen=True)
@@ -261,6 +270,7 @@ def train_final(
     init: torch.nn.Module | None = None,
     unknown_output: bool = False,
     optimizer: torch.optim.Optimizer | None = None,
+    precision: str = "auto",
 ) -> TrainedModel:
     """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
 
@@ -268,7 +278,8 @@ def train_final(
     that trains on, with its ``optimizer`` to keep Adam's moments) is trained in place instead of a
     freshly initialised model. ``unknown_output`` adds
     the "none of my classes" output (:mod:`edge_sdk.outliers`); the validation accuracy then counts an
-    image called unknown as wrong.
+    image called unknown as wrong. ``precision`` is the training's (:mod:`edge_sdk.precision`); the
+    validation numbers are measured in float32, the exported model's precision.
     """
     spec = parse_arch(arch)
     num_classes = train_split.num_classes
@@ -295,7 +306,9 @@ def train_final(
     losses = train(
         model,
         train_split,
-        config=TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, unknown_output=unknown_output),
+        config=TrainConfig(
+            epochs=epochs, lr=lr, batch_size=batch_size, unknown_output=unknown_output, precision=precision
+        ),
         seed=seed,
         device=dev,
         progress=progress,
@@ -575,6 +588,7 @@ def _train_finalists(
         device=config.device,
         progress=config.progress,
         unknown_output=config.unknown_output,
+        precision=config.precision,
     )
     trained_all: list[TrainedModel] = []
     rows: list[dict[str, Any]] = []
@@ -647,6 +661,7 @@ def _run_classifier(
         seed=config.seed,
         device=resolve_device(config.device),
         progress=config.progress,
+        precision=config.precision,
     )
     seconds["search"] = time.perf_counter() - t0
 

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from edge_sdk.precision import autocast
 from profiles import ROLES, DeviceProfile
 from profiles.errors import ConfigError, ProfileError, SpecError
 
@@ -40,6 +41,7 @@ __all__ = [
     "fits",
     "free_cores",
     "measure_device",
+    "measure_throughput",
     "profile_model",
     "train_seconds",
     "trains_in_time",
@@ -185,6 +187,19 @@ def _peak_layer_bytes(probe: nn.Module, x: torch.Tensor) -> int:
     return peak
 
 
+def _activations_at(probe: nn.Module, shape: tuple[int, int, int], batch_size: int) -> int:
+    """Saved-activation bytes at ``batch_size``, measured at batches 2 and 4 and extrapolated when it is
+    larger: what autograd saves is a part proportional to the batch plus a part that is not (BatchNorm's
+    per-channel statistics), so two points give it exactly, and the dry run never allocates the full
+    batch's activations (a 128-channel candidate at batch 64 would take hundreds of MB to be screened).
+    Batch 2, not 1: BatchNorm cannot train on one 1x1 map."""
+    if batch_size <= 4:
+        return _saved_activation_bytes(probe, _example(probe, shape, batch_size))
+    small, large = (_saved_activation_bytes(probe, _example(probe, shape, b)) for b in (2, 4))
+    per_sample = (large - small) // 2
+    return small + per_sample * (batch_size - 2)
+
+
 def profile_model(
     model: nn.Module, input_shape: tuple[int, int, int], *, batch_size: int = 64, optimizer: str = "adam"
 ) -> ModelProfile:
@@ -207,12 +222,12 @@ def profile_model(
     state_bytes = param_bytes + buffer_bytes
 
     probe = copy.deepcopy(model)
-    x = _example(probe, shape, batch_size)
+    x = _example(probe, shape, 1)
     cuda = x.device.type == "cuda"
     devices = [x.device.index if x.device.index is not None else torch.cuda.current_device()] if cuda else []
     with torch.random.fork_rng(devices=devices):
-        activations = _saved_activation_bytes(probe, x)
-    peak = _peak_layer_bytes(probe, x[:1])
+        activations = _activations_at(probe, shape, batch_size)
+    peak = _peak_layer_bytes(probe, x)
     del probe
 
     return ModelProfile(
@@ -345,6 +360,39 @@ def _gflops(flop: int, median_s: float, what: str) -> float:
     return value
 
 
+def measure_throughput(*, seconds: float = 2.0, precision: str = "fp32") -> dict[str, float]:
+    """GFLOP/s of this machine's two micro-benchmarks with torch's current thread count: a 3x3
+    convolution (8 x 32 x 28 x 28 input, 32 -> 64 channels, same padding) and a 512 x 512 matmul, each
+    timed for half of ``seconds`` (median after two warm-ups), in ``precision`` (``fp32``, or ``bf16``
+    through the same autocast as training: the peak that a bf16 run's achieved GFLOP/s compares with).
+    Returns ``conv``, ``matmul`` (GFLOP/s) and ``conv_runs``, ``matmul_runs``."""
+    # Operand values do not matter; a local generator keeps the global RNG untouched.
+    generator = torch.Generator().manual_seed(0)
+    image = torch.rand((8, 32, 28, 28), generator=generator)
+    kernel = torch.rand((64, 32, 3, 3), generator=generator)
+    conv_flop = 2 * 8 * 28 * 28 * 64 * 32 * 3 * 3
+    a = torch.rand((512, 512), generator=generator)
+    b = torch.rand((512, 512), generator=generator)
+    matmul_flop = 2 * 512**3
+
+    def conv() -> object:
+        with autocast(precision, "cpu"):
+            return F.conv2d(image, kernel, padding=1)
+
+    def matmul() -> object:
+        with autocast(precision, "cpu"):
+            return a @ b
+
+    conv_s, conv_runs = _median_seconds(conv, seconds / 2)
+    matmul_s, matmul_runs = _median_seconds(matmul, seconds / 2)
+    return {
+        "conv": _gflops(conv_flop, conv_s, "convolution"),
+        "matmul": _gflops(matmul_flop, matmul_s, "matmul"),
+        "conv_runs": conv_runs,
+        "matmul_runs": matmul_runs,
+    }
+
+
 def measure_device(
     *, name: str = "this-device", seconds: float = 2.0, role: str = "classifier"
 ) -> DeviceProfile:
@@ -373,19 +421,9 @@ def measure_device(
     available = _available_memory_bytes()
     threads = torch.get_num_threads()
 
-    # Operand values do not matter; a local generator keeps the global RNG untouched.
-    generator = torch.Generator().manual_seed(0)
-    image = torch.rand((8, 32, 28, 28), generator=generator)
-    kernel = torch.rand((64, 32, 3, 3), generator=generator)
-    conv_flop = 2 * 8 * 28 * 28 * 64 * 32 * 3 * 3
-    a = torch.rand((512, 512), generator=generator)
-    b = torch.rand((512, 512), generator=generator)
-    matmul_flop = 2 * 512**3
-
-    conv_s, conv_runs = _median_seconds(lambda: F.conv2d(image, kernel, padding=1), seconds / 2)
-    matmul_s, matmul_runs = _median_seconds(lambda: a @ b, seconds / 2)
-    conv_gflops = _gflops(conv_flop, conv_s, "convolution")
-    matmul_gflops = _gflops(matmul_flop, matmul_s, "matmul")
+    measured = measure_throughput(seconds=seconds)
+    conv_gflops, conv_runs = measured["conv"], measured["conv_runs"]
+    matmul_gflops, matmul_runs = measured["matmul"], measured["matmul_runs"]
     gflops = min(conv_gflops, matmul_gflops)
 
     memory_mb = round(MEMORY_SHARE * available / 2**20, 1)

@@ -51,6 +51,7 @@ from edge_sdk.arch import (
 )
 from edge_sdk.data import ArrayDataset
 from edge_sdk.elastic import ElasticSpec, cost_of, load_supernet
+from edge_sdk.precision import resolve_precision
 from edge_sdk.profiling import (
     FINAL_TRAINING_SHARE,
     ModelProfile,
@@ -403,6 +404,7 @@ class _Evaluator:
     seed: int
     device: torch.device
     bar: Any
+    precision: str = "fp32"  # resolved: fp32 or bf16 (edge_sdk.precision), for training and fitness
     cache: dict[str, Evaluation] = field(default_factory=dict)
     evaluations: list[Evaluation] = field(default_factory=list)
     candidate_epochs: int = 0
@@ -526,9 +528,14 @@ class _Evaluator:
         seed = int(np.random.SeedSequence([self.seed, zlib.crc32(key.encode())]).generate_state(1)[0])
         with seeded(seed, self.device):
             model = build_model(spec, self.input_shape, self.num_classes)
-        config = TrainConfig(epochs=self.config.epochs, lr=self.config.lr, batch_size=self.config.batch_size)
+        config = TrainConfig(
+            epochs=self.config.epochs,
+            lr=self.config.lr,
+            batch_size=self.config.batch_size,
+            precision=self.precision,
+        )
         train(model, self.train_split, config=config, seed=seed, device=self.device)
-        loss, _ = evaluate(model, self.val_split, device=self.device)
+        loss, _ = evaluate(model, self.val_split, device=self.device, precision=self.precision)
         return loss if math.isfinite(loss) else math.inf  # a diverged candidate is never the best
 
     def infeasible(self, what: str) -> BudgetError:
@@ -702,13 +709,16 @@ def search(
     seed: int,
     device: str | torch.device = "cpu",
     progress: bool = False,
+    precision: str = "auto",
 ) -> SearchResult:
     """Find an architecture for this client's data and device with ``config.strategy``.
 
     Deterministic for a given seed on a given device (weight init, batch order and Dropout are seeded per
-    candidate). Raises :class:`BudgetError` when the budget admits no candidate.
+    candidate). Candidates train and are scored at ``precision`` (:mod:`edge_sdk.precision`). Raises
+    :class:`BudgetError` when the budget admits no candidate.
     """
     check_int("seed", seed, 0)
+    precision = resolve_precision(precision, device)
     if len(train) == 0 or len(val) == 0:
         raise DataError(
             f"search needs non-empty train and validation splits, got {len(train)} and {len(val)}"
@@ -730,7 +740,9 @@ def search(
     }.get(config.strategy, 1)
     details: dict[str, Any] = {}
     with tqdm(total=planned, desc=f"search ({config.strategy})", unit="cand", disable=not progress) as bar:
-        ev = _Evaluator(train, val, profile, config, seed, torch.device(device), bar, final_samples=full)
+        ev = _Evaluator(
+            train, val, profile, config, seed, torch.device(device), bar, precision, final_samples=full
+        )
         if config.strategy == "pso":
             repeats_best = [_pso(ev, np.random.default_rng(seq)) for seq in repeat_seqs]
         elif config.strategy == "evolution":

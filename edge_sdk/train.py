@@ -24,6 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from edge_sdk.outliers import make_outliers
+from edge_sdk.precision import autocast, check_precision, resolve_precision
 from profiles.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ class TrainConfig:
         unknown_output: the model has one output more than the data has classes, "none of my classes"
             (FedOV), trained on ``OUTLIER_FRACTION`` x batch corrupted copies of each batch's images
             (:mod:`edge_sdk.outliers`).
+        precision: ``auto``, ``fp32`` or ``bf16`` (:mod:`edge_sdk.precision`): the forward passes run in
+            bfloat16 autocast where the hardware has it; weights and optimizer stay float32.
     """
 
     epochs: int = 5
@@ -88,8 +91,10 @@ class TrainConfig:
     batch_size: int = 64
     weight_decay: float = 0.0
     unknown_output: bool = False
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
+        check_precision(self.precision)
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 0:
             raise ConfigError(f"epochs must be an integer >= 0, got {self.epochs!r}")
         if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
@@ -178,6 +183,7 @@ def train(
     order_rng = torch.Generator(device="cpu").manual_seed(seed)
     outlier_rng = torch.Generator(device="cpu").manual_seed(derive_seed(seed, OUTLIER_STREAM))
     unknown = train.num_classes if config.unknown_output else None
+    precision = resolve_precision(config.precision, device)
     losses: list[float] = []
     bar = tqdm(range(config.epochs), desc="train", unit="epoch", disable=not progress, leave=False)
     with seeded(seed, device):
@@ -191,7 +197,8 @@ def train(
                     count = max(1, round(OUTLIER_FRACTION * len(idx)))
                     xb = torch.cat([xb, make_outliers(xb, yb, count, outlier_rng)])
                     yb = torch.cat([yb, yb.new_full((count,), unknown)])
-                loss = nn.functional.cross_entropy(model(xb), yb)
+                with autocast(precision, device):  # per step: autocast caches cast weights until exit
+                    loss = nn.functional.cross_entropy(model(xb), yb)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -209,8 +216,12 @@ def evaluate(
     *,
     batch_size: int = EVAL_BATCH,
     device: str | torch.device = "cpu",
+    precision: str = "fp32",
 ) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``model`` on ``data``, in eval mode (BatchNorm running stats)."""
+    """(mean cross-entropy, accuracy) of ``model`` on ``data``, in eval mode (BatchNorm running stats).
+
+    ``precision`` defaults to float32, the exported model's precision: a reported accuracy is that
+    model's; the search's fitness passes its own precision (it only ranks candidates)."""
     _check(data, "evaluation")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -220,8 +231,10 @@ def evaluate(
     y = data.y.to(device=device, dtype=torch.long)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.long, device=device)
+    precision = resolve_precision(precision, device)
     for start in range(0, len(y), batch_size):
-        logits = model(to_float(x[start : start + batch_size]))
+        with autocast(precision, device):
+            logits = model(to_float(x[start : start + batch_size]))
         target = y[start : start + batch_size]
         loss_sum += nn.functional.cross_entropy(logits.float(), target, reduction="sum").double()
         correct += (logits.argmax(dim=1) == target).sum()

@@ -377,6 +377,9 @@ def onnx_session(model_bytes: bytes, *, threads: int = 1) -> onnxruntime.Inferen
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    # no CPU arena: the arena keeps its largest batch's activations for the session's life (+300 MB in a
+    # simulation's client evaluation, benchmarks/RESULTS.md "Speed and memory"); sessions here are short
+    options.enable_cpu_mem_arena = False
     try:
         return onnxruntime.InferenceSession(
             bytes(model_bytes), sess_options=options, providers=["CPUExecutionProvider"]

@@ -68,6 +68,7 @@ def adversarial_distill(
     seed: int,
     device: str | torch.device = "cpu",
     progress: bool = False,
+    precision: str = "auto",
 ) -> dict[str, list[float]]:
     """Train ``student`` and ``generator`` in place for ``config.rounds`` rounds (see the module docstring).
 
@@ -91,12 +92,14 @@ def adversarial_distill(
         _, losses = train_generator(
             teachers, label_counts, input_shape=generator.input_shape, num_classes=generator.num_classes,
             config=gen_config, seed=derive_seed(seed, r, 0), device=device, student=student,
-            generator=generator, steps=config.generator_steps,
+            generator=generator, steps=config.generator_steps, precision=precision,
         )  # fmt: skip
         x, y = sample_generator(
             generator, pooled, n=config.samples_per_round, seed=derive_seed(seed, r, 1), device=device
         )
-        new = label_synthetic(teachers, x, y, counts, config=labels, tau=distill_config.tau, device=device)
+        new = label_synthetic(
+            teachers, x, y, counts, config=labels, tau=distill_config.tau, device=device, precision=precision
+        )
         xs.append(x[new.keep])
         ts.append(new.targets[new.keep])
         history = distill(
@@ -106,6 +109,7 @@ def adversarial_distill(
             config=replace(distill_config, epochs=config.student_epochs),
             seed=derive_seed(seed, r, 2),
             device=device,
+            precision=precision,
         )
         curves["student_loss"].append(history[-1])
         curves["adv"].append(sum(step["adv"] for step in losses) / len(losses))

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from edge_sdk.arch import ChainSpec, build_model, parse_arch
 from edge_sdk.data import ArrayDataset
+from edge_sdk.precision import autocast, check_precision, resolve_precision
 from edge_sdk.profiling import usable_threads
 from edge_sdk.train import derive_seed, release_memory, seeded
 from export.atomic import atomic_write_bytes, atomic_write_json
@@ -154,8 +155,14 @@ class AggregateConfig:
     hard_labels: bool = False
     on_error: str = "stop"
     threads: int | None = None  # torch threads; None: the cores free at the start (usable_threads)
+    # auto, fp32 or bf16 (edge_sdk.precision): the teachers' forward passes in inversion, the generator,
+    # the vote and the claim checks, and the student's in distillation, run in bfloat16 autocast where the
+    # hardware has it (2-3x faster on CPU, benchmarks/RESULTS.md "Speed and memory"); FedMHO's fusion
+    # and the reported accuracy run in float32
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
+        check_precision(self.precision)
         try:
             parse_arch(self.student)
         except (SpecError, AttributeError) as err:
@@ -286,6 +293,7 @@ class AggregateConfig:
         out["fusion"] = None if self.fusion is None else self.fusion.to_dict()
         out["labels"] = self.labels.to_dict()
         out["adversarial"] = None if self.adversarial is None else self.adversarial.to_dict()
+        out["precision"] = resolve_precision(self.precision, _device(self.device))  # what ran
         return out
 
 
@@ -417,6 +425,7 @@ def _inversion_source(fed: Federation, config: AggregateConfig, out: Path, progr
         work_dir=out / "synthetic",
         progress=progress,
         label_counts=fed.label_counts if config.inversion.classes == "held" else None,
+        precision=config.precision,
     )
     return SourceOutput(part)
 
@@ -433,6 +442,7 @@ def _generator_source(fed: Federation, config: AggregateConfig, out: Path, progr
         device=fed.device,
         progress=progress,
         work_dir=out / "generator",
+        precision=config.precision,
     )
     return SourceOutput(part, {"generator_loss": losses[:: max(1, len(losses) // 50)]}, generator)
 
@@ -479,7 +489,9 @@ def synthesize(fed: Federation, config: AggregateConfig, out: Path, *, progress:
         release_memory()  # each source's activations are garbage now; keep the process small
         if name == "inversion" and config.checks_claims:
             t0 = time.perf_counter()
-            check = verify_claims(fed.modules, fed.label_counts, parts[name], device=fed.device)
+            check = verify_claims(
+                fed.modules, fed.label_counts, parts[name], device=fed.device, precision=config.precision
+            )
             fed = replace(fed, label_counts=check.label_counts)
             report["claims"] = check.report()
             seconds["claims"] = time.perf_counter() - t0
@@ -530,6 +542,7 @@ def _vote_labels(
         config=config.labels,
         tau=config.distill.tau,
         device=fed.device,
+        precision=config.precision,
     )
     weight = float(config.construction_weight)
     construction = weight * F.one_hot(y, fed.num_classes).float()
@@ -687,6 +700,7 @@ def train_global(
             seed=config.seed,
             device=fed.device,
             progress=progress,
+            precision=config.precision,
         )
     seconds["distill"] = time.perf_counter() - t0
     curves = None
@@ -709,6 +723,7 @@ def train_global(
             seed=config.seed,
             device=fed.device,
             progress=progress,
+            precision=config.precision,
         )
         seconds["adversarial"] = time.perf_counter() - t0
     fusion_losses: list[float] = []
@@ -766,7 +781,9 @@ def _run(
         # how often the labels name the class a sample was made for ...
         "target_class": float((labels.targets.argmax(1) == synthetic.target_class).float().mean()),
         # ... and how often they agree with the teacher that made the image (does the image transfer?)
-        "generating_teacher": _generator_agreement(fed.modules, synthetic, labels.targets.argmax(1), device),
+        "generating_teacher": _generator_agreement(
+            fed.modules, synthetic, labels.targets.argmax(1), device, config.precision
+        ),
     }
     seconds["labels"] = time.perf_counter() - t0
 
@@ -968,8 +985,9 @@ def _decoder_samples(
     check = None
     if config.checks_claims:  # before the counts decide any decoder's share of the budget
         check = verify_decoders(
-            fed.modules, fed.label_counts, decoders, counts, seed=config.seed, device=device
-        )
+            fed.modules, fed.label_counts, decoders, counts, seed=config.seed, device=device,
+            precision=config.precision,
+        )  # fmt: skip
         counts = check.label_counts
     x, y = sample_decoders(
         decoders,
@@ -1025,15 +1043,21 @@ def load_synthetic(path: str | Path) -> SyntheticSet:
 
 @torch.no_grad()
 def _generator_agreement(
-    modules: Sequence[torch.nn.Module], synthetic: SyntheticSet, labels: Tensor, device: torch.device
+    modules: Sequence[torch.nn.Module],
+    synthetic: SyntheticSet,
+    labels: Tensor,
+    device: torch.device,
+    precision: str = "auto",
 ) -> float:
     """Fraction of pseudo-images whose label equals the argmax of the teacher that generated them."""
     hits = 0
+    precision = resolve_precision(precision, device)
     for k, module in enumerate(modules):
         mine = (synthetic.teacher == k).nonzero().flatten()  # indices of teacher k's images
         for i in range(0, mine.numel(), 512):
             idx = mine[i : i + 512]
-            own = module(synthetic.x[idx].to(device)).argmax(1).cpu()
+            with autocast(precision, device):
+                own = module(synthetic.x[idx].to(device)).argmax(1).cpu()
             hits += int((own == labels[idx]).sum())
     return hits / max(len(synthetic), 1)
 

@@ -175,6 +175,12 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
         help="torch threads on the server (default: the cores that are free at the start)",
     )
     g.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        help="precision of the forward passes (teachers, student; simulate: the clients' training too): "
+        "bf16 autocast where the hardware has it (auto, the default), or as given",
+    )
+    g.add_argument(
         "--samples-per-teacher", type=int, help="pseudo-samples inverted from each teacher (N_syn)"
     )
     g.add_argument("--steps", type=int, help="optimisation steps per inversion batch (ep)")
@@ -214,7 +220,7 @@ def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateCon
     dis = _with_knobs(base.distill, args, DISTILL_KNOBS)
     gen = _with_knobs(base.generator, args, GENERATOR_KNOBS)
     labels = _with_knobs(base.labels, args, LABEL_KNOBS)
-    names = ["student", "synth", "hard_labels", "on_error", "threads", "verify_claims", "top_up"]
+    names = ["student", "synth", "hard_labels", "on_error", "threads", "verify_claims", "top_up", "precision"]
     top = overrides(args, [*names, "decoder_samples", "decoder_keep", "fedavg_init", "construction_weight"])
     if args.construction_labels is not None:
         text = args.construction_labels.strip()
@@ -271,6 +277,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         search=search_config(args),
         cvae=cvae_config(args),
         unknown_output=args.unknown_output,
+        precision=args.precision or "auto",
         aggregate=aggregate_config(args, seed=args.seed),
         val_fraction=args.val_fraction,
         min_size=args.min_size,

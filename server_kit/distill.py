@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edge_sdk.precision import autocast, resolve_precision
 from edge_sdk.train import kd_loss
 from profiles.checks import is_number
 from profiles.errors import ConfigError
@@ -87,13 +88,15 @@ def distill(
     seed: int,
     device: str | torch.device = "cpu",
     progress: bool = False,
+    precision: str = "auto",
 ) -> list[float]:
     """Train ``student`` in place on (x, targets); returns the mean loss of every epoch.
 
     ``targets``: N x L soft labels (KL, tau-scaled) or, with ``config.hard_labels``, N int64 class
     indices (cross entropy). Dropout and shuffling draw from ``seed`` inside a forked RNG scope, so the
     same seed gives the same student and the caller's global RNG state is untouched. The student is
-    left in eval mode.
+    left in eval mode, its convolution weights channels-last (oneDNN's fast layout on CPU; same values).
+    Forward passes run at ``precision`` (:mod:`edge_sdk.precision`); the loss and Adam in float32.
     """
     n = x.shape[0]
     if n < 2:
@@ -107,7 +110,8 @@ def distill(
             "soft distillation needs float N x L targets (use hard_labels=True for class indices)"
         )
     dev = _resolve_device(device)
-    student.to(dev).train()
+    precision = resolve_precision(precision, dev)
+    student.to(dev, memory_format=torch.channels_last).train()
     optimizer = torch.optim.Adam(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     gen = torch.Generator().manual_seed(seed)
     x_dev, y_dev = x.to(dev), targets.to(dev)  # preloaded once; batches are index gathers
@@ -132,7 +136,8 @@ def distill(
                 xb = x_dev[idx]
                 if config.shift > 0:
                     xb = random_shift(xb, config.shift, gen)
-                logits = student(xb)  # B x L
+                with autocast(precision, dev):
+                    logits = student(xb).float()  # B x L
                 if config.hard_labels:
                     loss = F.cross_entropy(logits, y_dev[idx])
                 else:

@@ -25,7 +25,7 @@ def evaluate_onnx(
     model: bytes | str | Path,
     data: ArrayDataset,
     *,
-    batch_size: int = 1024,
+    batch_size: int = 256,
     threads: int = 1,
     unknown_output: bool = False,
 ) -> dict[str, Any]:

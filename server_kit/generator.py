@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edge_sdk.precision import autocast, resolve_precision
 from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.onnx_export import export_decoder_onnx, read_metadata
@@ -44,7 +45,7 @@ from profiles.checks import check_int, from_preset, is_number
 from profiles.errors import BundleError, ConfigError
 from server_kit.inversion import SyntheticSet
 from server_kit.labels import class_shares, held_classes
-from server_kit.teachers import batchnorm_layers
+from server_kit.teachers import batch_statistics_gap, batchnorm_layers
 
 __all__ = [
     "ConditionalGenerator",
@@ -292,12 +293,7 @@ class _BatchNormMatch:
         self.handles = [bn.register_forward_hook(self._hook) for m in modules for bn in batchnorm_layers(m)]
 
     def _hook(self, bn: nn.Module, inputs: tuple[Tensor, ...], _output: Tensor) -> None:
-        x = inputs[0]  # N x C x H x W
-        mean = x.mean(dim=(0, 2, 3))
-        var = x.var(dim=(0, 2, 3), unbiased=False)
-        self.terms.append(
-            torch.linalg.vector_norm(mean - bn.running_mean) + torch.linalg.vector_norm(var - bn.running_var)
-        )
+        self.terms.append(batch_statistics_gap(bn, inputs[0]))  # type: ignore[arg-type]
 
     def pop(self) -> Tensor | None:
         terms, self.terms = self.terms, []
@@ -456,6 +452,7 @@ def train_generator(
     student: nn.Module | None = None,
     generator: ConditionalGenerator | None = None,
     steps: int | None = None,
+    precision: str = "auto",
 ) -> tuple[ConditionalGenerator, list[dict[str, float]]]:
     """Train G against the frozen teachers; returns (G in eval mode on ``device``, one loss dict a step).
 
@@ -467,7 +464,8 @@ def train_generator(
     The adversarial term needs ``student`` (used frozen, as it is) and is 0 without one. Every dict holds
     ``total``, ``ce``, ``div``, ``bn``, ``adv``, ``ens`` (and ``kept``, the fraction of the batch the
     in-training filter kept).
-    Teachers (and the student) are in eval mode with frozen parameters during the call, restored after.
+    Teachers (and the student) are in eval mode with frozen parameters during the call, restored after;
+    their forward passes run at ``precision`` (:mod:`edge_sdk.precision`), G and the losses in float32.
     """
     if not teachers:
         raise ConfigError("train_generator needs at least one teacher")
@@ -475,6 +473,7 @@ def train_generator(
     check_int("num_classes", num_classes, 2)
     counts = _label_inputs(label_counts, len(teachers), num_classes)
     dev = _resolve_device(device)
+    precision = resolve_precision(precision, dev)
     weights = class_shares(counts).to(dev)  # K x L
     held = held_classes(counts).to(dev) if config.mask_teachers else None
     label_probs = (counts.sum(dim=0) / counts.sum()).float()  # L, pooled label distribution
@@ -500,7 +499,8 @@ def train_generator(
             y = torch.multinomial(label_probs, config.batch_size, replacement=True, generator=stream).to(dev)
             z = torch.randn((config.batch_size, config.nz), generator=stream).to(dev)
             x = generator(z, y)  # B x C x H x W
-            logits = torch.stack([m(x) for m in modules])  # K x B x L
+            with autocast(precision, dev):
+                logits = torch.stack([m(x) for m in modules]).float()  # K x B x L
             per_sample = _weighted_ce_per_sample(logits, y, weights, held)  # B
             kept = 1.0
             if config.filter_during_training and config.filter_fraction > 0:
@@ -517,8 +517,10 @@ def train_generator(
             bn = bn_term if bn_term is not None else zero  # None: the teachers have no BatchNorm
             adv = zero
             if adversary is not None:
+                with autocast(precision, dev):
+                    student_logits = adversary(x).float()
                 adv = _adversarial_loss(
-                    adversary(x), _ensemble_probs(logits, y, weights, held, config.tau), config.tau
+                    student_logits, _ensemble_probs(logits, y, weights, held, config.tau), config.tau
                 )
             total = (
                 config.ce_weight * ce + config.div_weight * div + config.bn_weight * bn
@@ -591,6 +593,7 @@ def synthesize_generator(
     progress: bool = False,
     work_dir: str | Path | None = None,
     student: nn.Module | None = None,
+    precision: str = "auto",
 ) -> tuple[SyntheticSet, ConditionalGenerator, list[dict[str, float]]]:
     """Train G, draw ``config.samples``, drop the noisiest ``filter_fraction``; (set, G, loss curve).
 
@@ -601,7 +604,7 @@ def synthesize_generator(
     """
     generator, losses = train_generator(
         teachers, label_counts, input_shape=input_shape, num_classes=num_classes, config=config,
-        seed=seed, device=device, progress=progress, student=student,
+        seed=seed, device=device, progress=progress, student=student, precision=precision,
     )  # fmt: skip
     counts = _label_inputs(label_counts, len(teachers), num_classes)
     x, y = sample_generator(

@@ -39,11 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edge_sdk.precision import autocast, resolve_precision
 from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
 from profiles.checks import from_preset
 from profiles.errors import ConfigError, DataError
 from server_kit.parallel import map_teachers
+from server_kit.teachers import batch_statistics_gap, classifier_weight
 
 __all__ = [
     "CONCENTRATION_EPS",
@@ -219,13 +221,6 @@ def _resolve_device(device: str | torch.device) -> torch.device:
 
 
 def _head_weight(module: nn.Module) -> Tensor:
-    try:
-        from server_kit.teachers import classifier_weight
-    except ImportError:  # teachers.py not importable yet: every toolkit model exposes .head
-        head = getattr(module, "head", None)
-        if not isinstance(head, nn.Linear):
-            raise ConfigError("teacher must expose its final nn.Linear as .head") from None
-        return head.weight.detach()
     return classifier_weight(module).detach()
 
 
@@ -256,12 +251,7 @@ class _BNStatLoss:
         ]
 
     def _hook(self, bn: nn.Module, inputs: tuple[Tensor, ...], _output: Tensor) -> None:
-        x = inputs[0]  # B x C x H x W
-        mean = x.mean(dim=(0, 2, 3))  # C
-        var = x.var(dim=(0, 2, 3), unbiased=False)  # C
-        self.terms.append(
-            torch.linalg.vector_norm(mean - bn.running_mean) + torch.linalg.vector_norm(var - bn.running_var)
-        )
+        self.terms.append(batch_statistics_gap(bn, inputs[0]))  # type: ignore[arg-type]
 
     def pop(self) -> Tensor | None:
         terms, self.terms = self.terms, []
@@ -285,8 +275,12 @@ def _invert_chunk(
     config: InversionConfig,
     seed: int,
     device: torch.device,
+    precision: str = "fp32",
 ) -> tuple[Tensor, Tensor, float]:
-    """Optimise one chunk of images as one batch. Returns (x float16-rounded float32 on CPU, class, loss)."""
+    """Optimise one chunk of images as one batch. Returns (x float16-rounded float32 on CPU, class, loss).
+
+    ``precision`` (resolved, :mod:`edge_sdk.precision`) is the teacher's forward pass; the images, the
+    loss and Adam stay float32. The images are channels-last, the layout of the teachers' weights."""
     gen = torch.Generator().manual_seed(seed)
     classes = torch.tensor([c for c, _ in chunk], dtype=torch.int64)  # B
     betas = torch.tensor([b for _, b in chunk], dtype=torch.int64)  # B
@@ -297,14 +291,16 @@ def _invert_chunk(
             if where.numel():
                 targets[where] = dirichlet_targets(concentrations[c], beta, where.numel(), gen)
     p = torch.randn((len(chunk), *input_shape), generator=gen)  # B x C x H x W, x = sigmoid(p)
-    p = p.to(device).requires_grad_(True)
+    p = p.to(device, memory_format=torch.channels_last).requires_grad_(True)
     targets = targets.to(device)
     optimizer = torch.optim.Adam([p], lr=config.lr)
     bn_loss = _BNStatLoss(module) if config.bn_weight > 0 else None
     try:
         for _ in range(config.steps):
             x = torch.sigmoid(p)
-            log_q = F.log_softmax(module(x) / config.tau, dim=1)  # B x L
+            with autocast(precision, device):
+                logits = module(x)
+            log_q = F.log_softmax(logits.float() / config.tau, dim=1)  # B x L
             loss = -(targets * log_q).sum(dim=1).mean()  # CE(y, softmax(T(x) / tau))
             if bn_loss is not None:
                 bn_term = bn_loss.pop()
@@ -320,7 +316,7 @@ def _invert_chunk(
     finally:
         if bn_loss is not None:
             bn_loss.remove()
-    x = torch.sigmoid(p.detach()).cpu().half().float()
+    x = torch.sigmoid(p.detach()).cpu().contiguous().half().float()
     return x, classes, float(loss.detach())
 
 
@@ -361,6 +357,7 @@ def invert_teacher(
     device: str | torch.device = "cpu",
     progress: bool = False,
     class_counts: Sequence[int] | None = None,
+    precision: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Algorithm 3 for one teacher: (x float32 [0, 1] N x C x H x W, target class int64 N).
 
@@ -369,6 +366,7 @@ def invert_teacher(
     """
     shape = _check_inputs(num_classes, input_shape)
     dev = _resolve_device(device)
+    precision = resolve_precision(precision, dev)
     counts = None if class_counts is None else [list(class_counts)]
     chunks = _teacher_plans(config, 1, num_classes, counts)[0]
     concentrations = _concentrations_of(module, num_classes, None if counts is None else counts[0])
@@ -379,7 +377,7 @@ def invert_teacher(
         for i, chunk in enumerate(chunks):
             x, c, loss = _invert_chunk(
                 module, concentrations, chunk, input_shape=shape, config=config,
-                seed=derive_seed(seed, i), device=dev,
+                seed=derive_seed(seed, i), device=dev, precision=precision,
             )  # fmt: skip
             xs.append(x)
             cs.append(c)
@@ -474,18 +472,20 @@ def synthesize_inversion(
     work_dir: str | Path | None = None,
     progress: bool = False,
     label_counts: Sequence[Sequence[int]] | None = None,
+    precision: str = "auto",
 ) -> SyntheticSet:
     """Algorithm 3 over all teachers: X = union of the per-teacher sets.
 
     ``label_counts`` (K rows of L counts, from the bundles) is required by ``config.classes == "held"``
     and refused otherwise. With ``work_dir`` every finished (teacher, chunk) is written atomically and
-    reused by a rerun with the same config, seed, teachers and counts, so a killed run resumes where it
-    stopped with identical output.
+    reused by a rerun with the same config, seed, teachers, counts and precision, so a killed run
+    resumes where it stopped with identical output.
     """
     if not modules:
         raise ConfigError("synthesize_inversion needs at least one teacher")
     shape = _check_inputs(num_classes, input_shape)
     dev = _resolve_device(device)
+    precision = resolve_precision(precision, dev)
     plans = _teacher_plans(config, len(modules), num_classes, label_counts)
     work = Path(work_dir) if work_dir is not None else None
     if work is not None:
@@ -498,6 +498,8 @@ def synthesize_inversion(
             "input_shape": list(shape),
             "teachers": [_module_hash(m) for m in modules],
         }
+        if precision != "fp32":  # written only when not float32: chunks of earlier runs stay valid
+            manifest["precision"] = precision
         if label_counts is not None:
             manifest["label_counts"] = [[int(v) for v in row] for row in label_counts]
         _prepare_work_dir(work, manifest)
@@ -519,7 +521,7 @@ def synthesize_inversion(
                 else:
                     x, c, loss = _invert_chunk(
                         module, concentrations, chunk, input_shape=shape, config=config,
-                        seed=derive_seed(base, i), device=dev,
+                        seed=derive_seed(base, i), device=dev, precision=precision,
                     )  # fmt: skip
                     if path is not None:
                         _save_chunk(path, x, k, c)

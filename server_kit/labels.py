@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from edge_sdk.precision import autocast, resolve_precision
 from profiles.errors import ConfigError
 from server_kit.abstain import own_probability
 from server_kit.parallel import map_teachers
@@ -137,12 +138,16 @@ def teacher_probs(
     held: Tensor | None = None,
     batch_size: int = 512,
     device: str | torch.device = "cpu",
+    precision: str = "auto",
 ) -> Tensor:
     """N x L float64 softmax(T(x) / tau) on the CPU, over the ``held`` classes only when given (L bool).
 
-    The module runs in eval mode (BatchNorm on running statistics); its training flag is restored.
+    The module runs in eval mode (BatchNorm on running statistics) at ``precision``
+    (:mod:`edge_sdk.precision`); its training flag is restored.
     """
-    return _probs_and_own(module, x, tau=tau, held=held, batch_size=batch_size, device=device)[0]
+    return _probs_and_own(
+        module, x, tau=tau, held=held, batch_size=batch_size, device=device, precision=precision
+    )[0]
 
 
 @torch.no_grad()
@@ -154,18 +159,21 @@ def _probs_and_own(
     held: Tensor | None,
     batch_size: int,
     device: str | torch.device,
+    precision: str = "auto",
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`teacher_probs` and, for a teacher that can abstain (:mod:`server_kit.abstain`), the N
     float64 probability that each image is one of its classes (None for the others)."""
     if not tau > 0:
         raise ConfigError(f"tau must be > 0, got {tau}")
     dev = _resolve_device(device)
+    precision = resolve_precision(precision, dev)
     was_training = module.training
     module.eval().to(dev)
     try:
         parts, owns = [], []
         for i in range(0, x.shape[0], batch_size):
-            logits, own = own_probability(module, x[i : i + batch_size].to(dev))
+            with autocast(precision, dev):
+                logits, own = own_probability(module, x[i : i + batch_size].to(dev))
             logits = logits.double() / tau  # B x L
             if held is not None:
                 if held.shape != logits.shape[1:]:
@@ -191,6 +199,7 @@ def _vote(
     batch_size: int,
     device: str | torch.device,
     abstain: bool = True,
+    precision: str = "auto",
 ) -> list[Tensor]:
     """One N x L float64 vote per weighing rule: sum over teachers j of weigh(j, p_j(x)), rows
     renormalised to sum to 1. With ``abstain``, a teacher with an "unknown" output (FedOV) votes on each
@@ -213,6 +222,7 @@ def _vote(
             held=None if held is None else held[j],
             batch_size=batch_size,
             device=device,
+            precision=precision,
         ),
         modules,
         device=device,
@@ -240,6 +250,7 @@ def consensus(
     batch_size: int = 512,
     device: str | torch.device = "cpu",
     abstain: bool = True,
+    precision: str = "auto",
 ) -> Tensor:
     """N x L float32 ensemble of softmax(T_k(x) / tau) for images whose class is unknown (real test images).
 
@@ -259,8 +270,9 @@ def consensus(
         return probs * w[j]
 
     votes = _vote(
-        modules, x, [weigh], tau=tau, held=held, batch_size=batch_size, device=device, abstain=abstain
-    )
+        modules, x, [weigh], tau=tau, held=held, batch_size=batch_size, device=device, abstain=abstain,
+        precision=precision,
+    )  # fmt: skip
     return votes[0].float()
 
 
@@ -274,6 +286,7 @@ def label_synthetic(
     tau: float,
     batch_size: int = 512,
     device: str | torch.device = "cpu",
+    precision: str = "auto",
 ) -> Labels:
     """Label ``x`` (N samples made for ``target_class``) by ``config.rule``; see the module docstring.
 
@@ -317,6 +330,7 @@ def label_synthetic(
         batch_size=batch_size,
         device=device,
         abstain=config.abstain,
+        precision=precision,
     )
     targets = votes[0].float()
     hits = targets.argmax(dim=1) == y

@@ -37,6 +37,7 @@ from torch import nn
 from profiles.errors import ConfigError
 from server_kit.inversion import SyntheticSet
 from server_kit.labels import class_shares, consensus, teacher_probs
+from server_kit.parallel import map_teachers
 
 __all__ = ["ClaimCheck", "verify_claims", "verify_decoders"]
 
@@ -62,11 +63,12 @@ def verify_claims(
     keep_ratio: float = 0.5,
     batch_size: int = 512,
     device: str | torch.device = "cpu",
+    precision: str = "auto",
 ) -> ClaimCheck:
     """Score every claim (teacher k has examples of class c) on the teachers' own inversions; see above.
 
     ``synthetic.teacher`` names the teacher that made each sample (samples with teacher < 0, made by the
-    whole ensemble, are not used).
+    whole ensemble, are not used). The teachers run side by side at ``precision``.
     """
     if not 0 < keep_ratio <= 1 or not math.isfinite(keep_ratio):
         raise ConfigError(f"keep_ratio must be in (0, 1], got {keep_ratio!r}")
@@ -82,10 +84,13 @@ def verify_claims(
     # Not masked to i's classes: a teacher holding c and one other class would "agree" on any image
     # that is not the other class, which would make a liar's images pass.
     says_target = torch.stack(
-        [
-            teacher_probs(m, x, tau=1.0, batch_size=batch_size, device=device).argmax(1) == y
-            for m in modules
-        ]
+        map_teachers(
+            lambda i: teacher_probs(
+                modules[i], x, tau=1.0, batch_size=batch_size, device=device, precision=precision
+            ).argmax(1) == y,
+            modules,
+            device=device,
+        )
     ) if len(x) else torch.zeros(k, 0, dtype=torch.bool)  # fmt: skip
     scores: list[list[float | None]] = [[None] * num_classes for _ in range(k)]
     rejected: list[tuple[int, int]] = []
@@ -146,6 +151,7 @@ def verify_decoders(
     keep_ratio: float = 0.5,
     seed: int = 0,
     device: str | torch.device = "cpu",
+    precision: str = "auto",
 ) -> ClaimCheck:
     """Score every decoder claim (decoder d has examples of class c) on ``probe`` of its samples for c by
     the teachers' label-weighted vote (``label_counts``: the verified classifier counts); see above.
@@ -176,7 +182,9 @@ def verify_decoders(
         decoder.eval()
         x = decoder(z.to(dev), onehot.to(dev)).float().clamp(0, 1).cpu()
         decoder.train(was_training)
-        vote = consensus(modules, x, tau=1.0, class_weights=shares, device=device)  # label-weighted
+        vote = consensus(  # label-weighted
+            modules, x, tau=1.0, class_weights=shares, device=device, precision=precision
+        )
         says = vote.argmax(1) == y
         for c in claimed:
             scores[d][c] = float(says[y == c].double().mean())

@@ -9,6 +9,9 @@ from torch import nn
 from edge_sdk.arch import ChainSpec, build_model
 from edge_sdk.profiling import (
     ModelProfile,
+    _activations_at,
+    _example,
+    _saved_activation_bytes,
     count_flops,
     fits,
     measure_device,
@@ -213,3 +216,13 @@ def test_usable_threads() -> None:
     for bad in (0, True, 1.5):
         with pytest.raises(ConfigError, match="threads"):
             usable_threads(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("spec", ["C16k3-P-C32k5-P-F64-F10", "C8k1-Pavg-C24k7-F10"])
+def test_activations_extrapolated_from_two_small_batches_equal_the_full_batch(spec: str) -> None:
+    # the screen measures batches 2 and 4 and extrapolates; BatchNorm's per-channel statistics are the
+    # part that does not grow with the batch, so a mistake there shows as a difference here
+    model = build_model(spec, (1, 16, 16), 10)
+    for batch in (5, 64):
+        direct = _saved_activation_bytes(model, _example(model, (1, 16, 16), batch))
+        assert _activations_at(model, (1, 16, 16), batch) == direct

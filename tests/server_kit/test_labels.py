@@ -31,9 +31,17 @@ def test_consensus_is_the_mean_of_teacher_probabilities():
     ts, x = teachers(), images(37)
     with torch.no_grad():
         manual = sum(F.softmax(t(x) / 4.0, dim=1) for t in ts) / 3  # 37 x 3
-    got = consensus(ts, x, tau=4.0, batch_size=10)  # several batches, one partial
+    got = consensus(ts, x, tau=4.0, batch_size=10, precision="fp32")  # several batches, one partial
     torch.testing.assert_close(got, manual, atol=1e-6, rtol=0)
     torch.testing.assert_close(got.sum(1), torch.ones(37))
+
+
+def test_consensus_in_bfloat16_stays_close_to_float32():
+    ts, x = teachers(), images(37)
+    exact = consensus(ts, x, tau=4.0, precision="fp32")
+    fast = consensus(ts, x, tau=4.0, precision="bf16")  # emulated where the CPU has no bfloat16
+    torch.testing.assert_close(fast, exact, atol=2e-2, rtol=0)
+    torch.testing.assert_close(fast.sum(1), torch.ones(37))
 
 
 def test_consensus_temperature_softens():

@@ -115,3 +115,22 @@ def test_profile_assignment(tmp_path):
     mapping.write_text('[clients]\n7 = "laptop-cpu"\n')
     with pytest.raises(ConfigError, match="index"):
         assign_profiles(3, ("laptop-cpu",), mapping)
+
+
+def test_worker_processes_train_the_same_clients(federation, tmp_path):
+    # --jobs 2: the partition and each client in a fresh worker forked from the fork server; the models
+    # must be those of the in-process run (same seeds), and the fork server must be gone afterwards
+    import multiprocessing.forkserver
+
+    out, _ = federation
+    assert main([*TINY, "--jobs", "2", "--out", str(tmp_path)]) == 0
+    for k in range(3):
+        name = f"client_{k:02d}.bundle"
+        ours, theirs = read_bundle(tmp_path / "clients" / name), read_bundle(out / "clients" / name)
+        assert (ours.arch, ours.label_counts) == (theirs.arch, theirs.label_counts)
+        assert ours.model_onnx == theirs.model_onnx
+    assert (tmp_path / "data" / "partition.json").read_bytes() == (
+        out / "data" / "partition.json"
+    ).read_bytes()
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    assert getattr(server, "_forkserver_pid", None) is None

@@ -240,3 +240,24 @@ def test_unloadable_model_and_other_kinds(tmp_path: Path, bundle: Bundle) -> Non
         load_teachers([good], on_error="ignore")
     with pytest.raises(ConfigError, match="kinds"):
         load_teachers([good], kinds=("generator",))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_statistics_gap_matches_autograd_through_mean_and_var(dtype: torch.dtype) -> None:
+    from server_kit.teachers import batch_statistics_gap
+
+    bn = nn.BatchNorm2d(5)
+    bn.running_mean.uniform_(-1, 1, generator=torch.Generator().manual_seed(1))
+    bn.running_var.uniform_(0.5, 2, generator=torch.Generator().manual_seed(2))
+    base = torch.randn(6, 5, 7, 7, generator=torch.Generator().manual_seed(0)) * 1.5 + 0.3
+    x = base.to(dtype).to(memory_format=torch.channels_last).requires_grad_(True)
+    ref = base.to(dtype).float().requires_grad_(True)  # the reference in float32 on the same values
+    got = batch_statistics_gap(bn, x)
+    mean, var = ref.mean(dim=(0, 2, 3)), ref.var(dim=(0, 2, 3), unbiased=False)
+    want = torch.linalg.vector_norm(mean - bn.running_mean) + torch.linalg.vector_norm(var - bn.running_var)
+    got.backward()
+    want.backward()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 gradients: three significant digits
+    torch.testing.assert_close(x.grad.float(), ref.grad, rtol=tol, atol=tol * ref.grad.abs().max().item())
