@@ -37,6 +37,7 @@ __all__ = [
     "FINAL_TRAINING_SHARE",
     "OPTIMIZER_STATE",
     "ModelProfile",
+    "allowed_cores",
     "count_flops",
     "fits",
     "free_cores",
@@ -466,6 +467,13 @@ def _core_times() -> dict[int, tuple[int, int]]:
     return times
 
 
+def allowed_cores() -> int:
+    """How many cores this process may run on (its affinity set; the CPU count where there is none)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
 def free_cores(seconds: float = 0.2) -> int:
     """How many of the cores this process may run on were mostly idle over the last ``seconds``.
 
@@ -474,9 +482,7 @@ def free_cores(seconds: float = 0.2) -> int:
     busy loop on one of two cores made the 2-thread server phase 2.55x slower). Falls back to the
     affinity size where /proc/stat cannot be read. Never less than 1.
     """
-    affinity = (
-        os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    )
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(allowed_cores()))
     before = _core_times()
     time.sleep(seconds)
     after = _core_times()

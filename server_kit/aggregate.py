@@ -31,7 +31,7 @@ from torch import Tensor
 from edge_sdk.arch import ChainSpec, build_model, parse_arch
 from edge_sdk.data import ArrayDataset
 from edge_sdk.precision import autocast, check_precision, resolve_precision
-from edge_sdk.profiling import usable_threads
+from edge_sdk.profiling import allowed_cores, usable_threads
 from edge_sdk.train import derive_seed, release_memory, seeded
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import read_bundle
@@ -54,6 +54,7 @@ from server_kit.generator import ConditionalGenerator, GeneratorConfig, synthesi
 from server_kit.grid import write_grid
 from server_kit.inversion import InversionConfig, SyntheticSet, synthesize_inversion
 from server_kit.labels import LabelConfig, Labels, label_synthetic
+from server_kit.parallel import teacher_workers
 from server_kit.teachers import Teacher, load_teachers
 from server_kit.trust import verify_claims, verify_decoders
 
@@ -342,9 +343,13 @@ def aggregate(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     previous_threads = torch.get_num_threads()
-    torch.set_num_threads(usable_threads(config.threads))  # None: the cores free now (shared machines)
+    # torch's threads: the cores free now (an intra-op barrier waits for a shared core); teachers side by
+    # side: every core this process may run on (a worker on a shared core just does fewer teachers)
+    torch.set_num_threads(usable_threads(config.threads))
+    workers = config.threads or min(previous_threads, allowed_cores())
     try:
-        return _run(list(bundle_paths), out, config, eval_data, progress)
+        with teacher_workers(workers):
+            return _run(list(bundle_paths), out, config, eval_data, progress)
     finally:
         torch.set_num_threads(previous_threads)
 

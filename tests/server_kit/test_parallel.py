@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +12,7 @@ from torch import nn
 
 from server_kit.inversion import synthesize_inversion
 from server_kit.labels import consensus
-from server_kit.parallel import map_teachers
+from server_kit.parallel import map_teachers, teacher_workers
 from tests.server_kit.test_inversion import SHAPE, L, _teachers, config
 
 
@@ -53,3 +54,17 @@ def test_parallel_inversion_and_vote_equal_the_serial_ones(two_threads: None) ->
     assert torch.equal(parallel.x, serial.x) and torch.equal(parallel.teacher, serial.teacher)
     assert torch.equal(parallel.target_class, serial.target_class)
     assert torch.equal(votes, consensus(teachers, serial.x, tau=2.0))
+
+
+def test_teacher_workers_sets_how_many_teachers_run_at_once() -> None:
+    modules = [nn.Linear(2, 2) for _ in range(4)]
+
+    def name(k: int) -> str:
+        time.sleep(0.05)  # long enough that both workers take a teacher
+        return threading.current_thread().name
+
+    assert torch.get_num_threads() == 1  # the tests' setting: one teacher at a time by default
+    with teacher_workers(2):
+        names = set(map_teachers(name, modules))
+    assert len(names) == 2 and all(n.startswith("teacher") for n in names)
+    assert set(map_teachers(name, modules)) == {threading.current_thread().name}  # reset on exit
