@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -115,7 +116,7 @@ SEARCH_KNOBS = (
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="fast", help="search preset: fast (default) or paper")
+    p.add_argument("--preset", help="search preset: fast (default) or paper")
     p.add_argument("--strategy", help="pso (default), fixed, random-pool or evolution")
     p.add_argument("--particles", type=int, help="PSO swarm size N")
     p.add_argument("--iterations", type=int, help="PSO iterations T")
@@ -175,24 +176,31 @@ def add_unknown_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_cvae_knobs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cvae-preset", default="fast", help="CVAE preset: fast (default) or a dataset name")
+    p.add_argument("--cvae-preset", help="CVAE preset: fast (default) or a dataset name")
     p.add_argument("--cvae-model", choices=["cvae-small", "cvae-large"], help="CVAE architecture")
     p.add_argument("--latent-dim", type=int, help="CVAE latent size z")
     p.add_argument("--cvae-epochs", type=int, help="CVAE training epochs")
     p.add_argument("--cvae-lr", type=float, help="CVAE Adam learning rate")
 
 
-def cvae_config(args: argparse.Namespace):  # -> CVAEConfig
+def cvae_config(args: argparse.Namespace, base: Any = None):  # -> CVAEConfig
+    """The CVAE settings: ``--cvae-preset`` (or ``base``, else ``fast``) with the given ``--cvae-*`` knobs."""
     from edge_sdk.cvae import CVAEConfig
 
-    given = overrides(args, list(CVAE_KNOBS))
-    return CVAEConfig.preset(args.cvae_preset, **{CVAE_KNOBS[k]: v for k, v in given.items()})
+    given = {CVAE_KNOBS[k]: v for k, v in overrides(args, list(CVAE_KNOBS)).items()}
+    if base is not None and args.cvae_preset is None:
+        return dataclasses.replace(base, **given)
+    return CVAEConfig.preset(args.cvae_preset or "fast", **given)
 
 
-def search_config(args: argparse.Namespace):  # -> SearchConfig
+def search_config(args: argparse.Namespace, base: Any = None):  # -> SearchConfig
+    """The search settings: ``--preset`` (or ``base``, else ``fast``) with the given search knobs."""
     from edge_sdk.search import SearchConfig
 
-    return SearchConfig.preset(args.preset, **overrides(args, SEARCH_KNOBS))
+    given = overrides(args, SEARCH_KNOBS)
+    if base is not None and args.preset is None:
+        return dataclasses.replace(base, **given)
+    return SearchConfig.preset(args.preset or "fast", **given)
 
 
 def load_data(args: argparse.Namespace):  # -> ArrayDataset
@@ -315,8 +323,17 @@ def cmd_run(args: argparse.Namespace) -> None:
     from edge_sdk.client import ClientConfig, run_client
     from profiles import load_profile
 
+    data = load_data(args)
+    search = search_config(args)
+    if args.init is not None and args.strategy is None and args.fixed_arch is None:
+        # the file names the architecture: train it (a conflicting --strategy / --fixed-arch is refused)
+        from edge_sdk.shared_init import read_initial_weights
+
+        weights = read_initial_weights(args.init, input_shape=data.input_shape, num_classes=data.num_classes)
+        search = dataclasses.replace(search, strategy="fixed", fixed_arch=weights.arch)
     config = ClientConfig(
-        search=search_config(args),
+        search=search,
+        init=args.init,
         val_fraction=args.val_fraction,
         seed=args.seed,
         device=args.device,
@@ -326,7 +343,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         unknown_output=args.unknown_output,
         precision=args.precision,
     )
-    result = run_client(load_data(args), profile=load_profile(args.profile), config=config, out=args.out)
+    result = run_client(data, profile=load_profile(args.profile), config=config, out=args.out)
     m = result.metrics
     if result.search is None:  # role cvae
         print(
@@ -502,6 +519,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_args(p)
     add_cvae_args(p)
     add_unknown_arg(p)
+    p.add_argument(
+        "--init",
+        help="shared initial weights from `server-kit init`: train their architecture from them, no search "
+        "(refused when they do not fit the task, --fixed-arch or the profile's budget)",
+    )
 
     p = command(
         "personalize",

@@ -18,6 +18,7 @@ they were made for, which is what lets the server learn a class that few clients
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import time
@@ -33,8 +34,9 @@ from edge_sdk.cvae import CVAE, CVAEConfig, build_cvae, evaluate_cvae, profile_c
 from edge_sdk.data import ArrayDataset, split_train_val
 from edge_sdk.elastic import ElasticSpec, extract, load_supernet, smallest
 from edge_sdk.precision import check_precision, resolve_precision
-from edge_sdk.profiling import fits, profile_model
+from edge_sdk.profiling import fits, profile_model, trains_in_time
 from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
+from edge_sdk.shared_init import read_initial_weights
 from edge_sdk.train import TrainConfig, derive_seed, evaluate, release_memory, seeded, to_float, train
 from edge_sdk.zoo import RANDOM_POOL
 from export.atomic import atomic_write_bytes, atomic_write_json
@@ -87,9 +89,26 @@ class ClientConfig:
     # auto, fp32 or bf16 (edge_sdk.precision): the search's candidates and the final training run their
     # forward passes in bfloat16 where the hardware has it; reported accuracies are measured in float32
     precision: str = "auto"
+    # the server's shared initial weights (`server-kit init`, edge_sdk.shared_init): the classifier trains
+    # their architecture from them instead of searching one, so the uploads can be averaged (FedAvg)
+    init: str | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        if self.init is not None:
+            if not isinstance(self.init, str) or not self.init:
+                raise ConfigError(
+                    f"init must be the path of an initial-weights file or None, got {self.init!r}"
+                )
+            if self.role == "cvae":
+                raise ConfigError("init holds classifier weights; role 'cvae' trains no classifier")
+            if self.search.strategy != "fixed":
+                raise ConfigError(
+                    f"initial weights fix the architecture, the search strategy is {self.search.strategy!r}; "
+                    "fix: strategy 'fixed' with fixed_arch the file's arch (edge-sdk run --init sets both)"
+                )
+            if self.unknown_output:
+                raise ConfigError("initial weights have no 'unknown' output: drop unknown_output or init")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
@@ -123,7 +142,17 @@ class ClientConfig:
         # the precision that runs (auto resolved on this machine), so a resume on a machine where auto
         # means another precision trains again
         precision = resolve_precision(self.precision, resolve_device(self.device))
+        if self.init is not None:  # the file's content, so a resume after a new init trains again
+            out["init"] = {"path": self.init, "sha256": _file_sha256(self.init)}
         return out | ({"unknown_output": True} if self.unknown_output else {}) | {"precision": precision}
+
+
+def _file_sha256(path: str) -> str | None:
+    """sha256 of a file's bytes, None when it cannot be read (the run then fails where it reads it)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -642,6 +671,73 @@ def _one_standard_error(rows: list[dict[str, Any]], n_val: int) -> int:
     return min(near, key=lambda i: (rows[i]["flops"], -rows[i]["val_accuracy"], rows[i]["val_loss"], i))
 
 
+def _train_from_init(
+    train_split: ArrayDataset,
+    val_split: ArrayDataset,
+    profile: DeviceProfile,
+    config: ClientConfig,
+    report: dict[str, Any],
+) -> tuple[SearchResult, TrainedModel, list[dict[str, Any]]]:
+    """The server's initial weights, checked against this task, the configured architecture and the
+    device's budget (FLOPs, parameters, training memory, the final training's time), then trained for
+    ``final_epochs``. Returns a search result of the ``fixed`` strategy that evaluated nothing."""
+    assert config.init is not None
+    search_config = config.search
+    weights = read_initial_weights(
+        config.init, input_shape=train_split.input_shape, num_classes=train_split.num_classes
+    )
+    wanted = parse_arch(search_config.fixed_arch)
+    if isinstance(wanted, ChainSpec):
+        wanted = wanted.with_num_classes(train_split.num_classes)
+    if weights.arch != str(wanted):
+        raise ConfigError(
+            f"initial weights {config.init} are for {weights.arch}, the configured architecture is {wanted}; "
+            "fix: train the file's architecture (--fixed-arch) or ask the server for weights of yours"
+        )
+    cost = profile_model(weights.module, train_split.input_shape, batch_size=search_config.batch_size)
+    problem = fits(cost, profile) or trains_in_time(
+        cost.flops, len(train_split), search_config.final_epochs, profile
+    )
+    if problem is not None:
+        raise BudgetError(
+            f"the initial weights' architecture {weights.arch} does not fit the device {profile.name!r}: "
+            f"{problem}; fix: ask the server for a smaller architecture"
+        )
+    trained = train_final(
+        weights.arch,
+        train_split,
+        val_split,
+        epochs=search_config.final_epochs,
+        lr=search_config.lr,
+        batch_size=search_config.batch_size,
+        seed=config.seed,
+        device=config.device,
+        progress=config.progress,
+        init=weights.module,
+        precision=config.precision,
+    )
+    report["init"] = {"path": config.init, "sha256": weights.sha256, "seed": weights.seed}
+    result = SearchResult(
+        strategy="fixed",
+        best_spec=weights.arch,
+        best_fitness=math.nan,
+        evaluations=(),
+        candidate_epochs=0,
+        rejected=0,
+        cache_hits=0,
+        seconds=0.0,
+        repeats_best=((weights.arch, math.nan),),
+        details={"init": weights.sha256},
+    )
+    m = trained.metrics
+    row = {k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds", "flops")}
+    return (
+        result,
+        trained,
+        [row | {"arch": weights.arch, "epochs": search_config.final_epochs, "chosen": True}],
+    )
+
+
 def _run_classifier(
     train_split: ArrayDataset,
     val_split: ArrayDataset,
@@ -651,23 +747,28 @@ def _run_classifier(
     seconds: dict[str, float],
     report: dict[str, Any],
 ) -> ClientResult:
-    """search -> train -> export -> bundle at ``out``; fills ``seconds`` and ``report``."""
-    t0 = time.perf_counter()
-    result = search(
-        train_split,
-        val_split,
-        profile=profile,
-        config=config.search,
-        seed=config.seed,
-        device=resolve_device(config.device),
-        progress=config.progress,
-        precision=config.precision,
-    )
-    seconds["search"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    trained, finalists = _train_finalists(result, train_split, val_split, config)
-    seconds["train"] = time.perf_counter() - t0
+    """search -> train -> export -> bundle at ``out`` (or, with ``config.init``, train the server's
+    initial weights, no search); fills ``seconds`` and ``report``."""
+    if config.init is not None:
+        t0 = time.perf_counter()
+        result, trained, finalists = _train_from_init(train_split, val_split, profile, config, report)
+        seconds["train"] = time.perf_counter() - t0
+    else:
+        t0 = time.perf_counter()
+        result = search(
+            train_split,
+            val_split,
+            profile=profile,
+            config=config.search,
+            seed=config.seed,
+            device=resolve_device(config.device),
+            progress=config.progress,
+            precision=config.precision,
+        )
+        seconds["search"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        trained, finalists = _train_finalists(result, train_split, val_split, config)
+        seconds["train"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     extra = {
@@ -676,7 +777,7 @@ def _run_classifier(
         "finalists": len(finalists),
         "search_rejected": int(result.rejected),
         "search_cache_hits": int(result.cache_hits),
-        "search_seconds": round(seconds["search"], 3),
+        "search_seconds": round(seconds.get("search", 0.0), 3),
     }
     bundle_model(trained, profile, out, seed=config.seed, extra_metrics=extra)
     seconds["export"] = time.perf_counter() - t0

@@ -22,6 +22,7 @@ from edge_sdk.cli import (
     root_parser,
     search_config,
 )
+from profiles.errors import ConfigError
 
 __all__ = ["main"]
 
@@ -63,7 +64,7 @@ DISTILL_KNOBS = {
 
 def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
-    g.add_argument("--server-preset", default="fast", help="aggregation preset: fast (default) or paper")
+    g.add_argument("--server-preset", help="aggregation preset: fast (default) or paper")
     g.add_argument("--student", help="student architecture spec (any edge-sdk spec)")
     g.add_argument(
         "--synth",
@@ -96,7 +97,7 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
         help="FedMHO: init (FedAvg or consensus distillation), then train on decoder samples with this loss",
     )
     g.add_argument(
-        "--fusion-preset", default="mnist", help="FedMHO Table 3 settings: mnist, fashionmnist, ..."
+        "--fusion-preset", help="FedMHO Table 3 settings: mnist (default), fashionmnist, svhn, emnist, fast"
     )
     g.add_argument("--fusion-epochs", type=int)
     g.add_argument("--fusion-lr", type=float)
@@ -212,10 +213,12 @@ def _with_knobs(config: T, args: argparse.Namespace, knobs: dict[str, str]) -> T
     return dataclasses.replace(config, **given)  # type: ignore[type-var]
 
 
-def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateConfig
+def aggregate_config(args: argparse.Namespace, *, seed: int, base=None):  # -> AggregateConfig
+    """The server settings: ``--server-preset`` (or ``base``, else ``fast``) with the given knobs."""
     from server_kit.aggregate import AggregateConfig
 
-    base = AggregateConfig.preset(args.server_preset)
+    if base is None or args.server_preset is not None:
+        base = AggregateConfig.preset(args.server_preset or "fast")
     inv = _with_knobs(base.inversion, args, INVERSION_KNOBS)
     dis = _with_knobs(base.distill, args, DISTILL_KNOBS)
     gen = _with_knobs(base.generator, args, GENERATOR_KNOBS)
@@ -225,13 +228,18 @@ def aggregate_config(args: argparse.Namespace, *, seed: int):  # -> AggregateCon
     if args.construction_labels is not None:
         text = args.construction_labels.strip()
         top["construction_labels"] = () if text == "none" else text
-    if args.fusion is not None:
+    knobs = {"epochs": args.fusion_epochs, "lr": args.fusion_lr, "lam": args.fusion_lambda}
+    given = {k: v for k, v in knobs.items() if v is not None}
+    if args.fusion is not None or args.fusion_preset is not None or given:
         from server_kit.fusion import FusionConfig
 
-        knobs = {"epochs": args.fusion_epochs, "lr": args.fusion_lr, "lam": args.fusion_lambda}
-        top["fusion"] = FusionConfig.preset(
-            args.fusion_preset, mode=args.fusion, **{k: v for k, v in knobs.items() if v is not None}
-        )
+        mode = args.fusion or (base.fusion.mode if base.fusion is not None else None)
+        if mode is None:
+            raise ConfigError("the --fusion-* options configure FedMHO's fusion: add --fusion ce|md|sd")
+        if base.fusion is not None and args.fusion_preset is None:
+            top["fusion"] = dataclasses.replace(base.fusion, mode=mode, **given)
+        else:
+            top["fusion"] = FusionConfig.preset(args.fusion_preset or "mnist", mode=mode, **given)
     if args.server_device is not None:
         top["device"] = args.server_device
     if args.adversarial_rounds is not None:
@@ -265,25 +273,28 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 def cmd_simulate(args: argparse.Namespace) -> None:
     from server_kit.simulate import SimulateConfig, simulate
 
-    config = SimulateConfig(
-        dataset=args.dataset,
+    base = SimulateConfig.preset(args.method, dataset=args.dataset, out_dir=Path(args.out))
+    given = overrides(args, ["decoders", "shared_init"])
+    if args.profiles is not None:
+        given["profiles"] = tuple(p for p in args.profiles.split(",") if p)
+    config = dataclasses.replace(
+        base,
         data_root=args.data_root,
         num_clients=args.num_clients,
         alpha=args.alpha,
         seed=args.seed,
-        out_dir=Path(args.out),
-        profiles=tuple(p for p in args.profiles.split(",") if p) if args.profiles else (),
         profile_map=Path(args.profile_map) if args.profile_map else None,
-        search=search_config(args),
-        cvae=cvae_config(args),
+        search=search_config(args, base.search),
+        cvae=cvae_config(args, base.cvae),
         unknown_output=args.unknown_output,
         precision=args.precision or "auto",
-        aggregate=aggregate_config(args, seed=args.seed),
+        aggregate=aggregate_config(args, seed=args.seed, base=base.aggregate),
         val_fraction=args.val_fraction,
         min_size=args.min_size,
         jobs=args.jobs,
         device=args.device,
         progress=not args.quiet,
+        **given,
     )
     results = simulate(config)
     print(
@@ -319,6 +330,27 @@ def cmd_supernet(args: argparse.Namespace) -> None:
     print_skipped("server-kit", report["skipped"])
     steps, inputs = report["config"]["steps"], report["inputs"]
     print(f"wrote {args.out} ({steps} steps on {inputs} {report['data']} inputs)")
+
+
+def cmd_init(args: argparse.Namespace) -> None:
+    from edge_sdk.data import load_client_data
+    from edge_sdk.shared_init import write_initial_weights
+
+    if args.data is not None:
+        if args.input_shape is not None or args.num_classes is not None:
+            raise ConfigError("give the task as --data or as --input-shape with --num-classes, not both")
+        data = load_client_data(args.data)
+        shape, classes = data.input_shape, data.num_classes
+    elif args.input_shape is not None and args.num_classes is not None:
+        try:
+            shape = tuple(int(v) for v in args.input_shape.split(","))
+        except ValueError as err:
+            raise ConfigError(f"--input-shape must be C,H,W integers, got {args.input_shape!r}") from err
+        classes = args.num_classes
+    else:
+        raise ConfigError("give the task: --data FILE.npz, or --input-shape C,H,W and --num-classes N")
+    path = write_initial_weights(args.out, args.arch, shape, classes, seed=args.seed)  # type: ignore[arg-type]
+    print(f"wrote {path} (initial weights of {args.arch} for {classes} classes of {shape}, seed {args.seed})")
 
 
 def cmd_hetero_avg(args: argparse.Namespace) -> None:
@@ -357,7 +389,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-size", type=int, default=10)
     p.add_argument("--out", required=True, type=out_dir, help="output directory (rerun to resume)")
-    p.add_argument("--profiles", default="laptop-cpu", help="comma-separated profiles, assigned round-robin")
+    p.add_argument(
+        "--method",
+        default="default",
+        choices=["default", "fedmho"],
+        help="the federation's recipe: default (searched classifiers + decoders, consensus distillation) "
+        "or fedmho (FedMHO: 5 classifier + 5 CVAE devices, shared init, FedAvg, fusion MD; see "
+        "SimulateConfig.preset); every other option overrides it",
+    )
+    p.add_argument("--profiles", help="comma-separated profiles, assigned round-robin (default laptop-cpu)")
+    p.add_argument(
+        "--decoders",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="classifier devices also upload a CVAE decoder where it fits (default on; fedmho: off)",
+    )
+    p.add_argument(
+        "--shared-init",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="when every classifier client trains one architecture (--strategy fixed), start them from "
+        "the server's initial weights (default on)",
+    )
     p.add_argument("--profile-map", help="TOML: default = 'name' and [clients] index = 'name'")
     p.add_argument("--jobs", type=int, default=1, help="clients trained in parallel processes")
     p.add_argument("--val-fraction", type=float, default=0.2)
@@ -403,6 +456,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="cpu or cuda")
     p.add_argument("--quiet", action="store_true")
+
+    p = command(
+        "init",
+        cmd_init,
+        "publish shared initial weights of one architecture (devices start from them: edge-sdk run --init)",
+    )
+    p.add_argument("--arch", required=True, help="architecture spec, e.g. C32k5-P-C64k5-P-F10")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights")
+    p.add_argument("--out", required=True, type=out_file, help="initial-weights ONNX to write")
+    p.add_argument("--data", help="a data file of the task (.npz) to take its input shape and classes from")
+    p.add_argument("--input-shape", help="C,H,W of the task's images (instead of --data)")
+    p.add_argument("--num-classes", type=int, help="classes of the task (instead of --data)")
 
     p = command(
         "hetero-avg", cmd_hetero_avg, "heteroFedAvg of elastic-space client models through their supernet"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_sdk.client import ClientConfig, decoder_bundle_path, run_client
+from edge_sdk.client import ClientConfig, decoder_bundle_path, resolve_role, run_client
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.precision import check_precision
 from edge_sdk.profiling import usable_threads
@@ -34,6 +34,7 @@ from edge_sdk.search import SearchConfig
 from edge_sdk.train import release_memory
 from export.atomic import atomic_write_json
 from profiles import load_profile
+from profiles.checks import from_preset
 from profiles.errors import BundleError, ConfigError
 from server_kit.aggregate import AggregateConfig
 
@@ -58,6 +59,13 @@ class SimulateConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     cvae: CVAEConfig = field(default_factory=CVAEConfig)  # clients whose profile role is cvae (FedMHO)
     unknown_output: bool = False  # classifier clients train FedOV's "unknown" output
+    # classifier devices also train and upload a CVAE decoder where it fits (role auto -> both); False:
+    # they upload their classifier alone (FedMHO's setting), constrained devices still train CVAEs
+    decoders: bool = True
+    # when every classifier client trains one architecture (strategy fixed), the server publishes initial
+    # weights of it (out_dir/init.onnx, seeded by ``seed``) and the clients start from them, so their
+    # uploads can be averaged (FedMHO's FedAvg initialisation); False: each client initialises its own
+    shared_init: bool = True
     precision: str = "auto"  # the clients' training precision (edge_sdk.precision); the server's: aggregate
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     val_fraction: float = 0.2
@@ -72,15 +80,65 @@ class SimulateConfig:
         if self.jobs < 1:
             raise ConfigError(f"jobs must be >= 1, got {self.jobs}")
         check_precision(self.precision)
+        for name in ("decoders", "shared_init"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not self.profiles and self.profile_map is None:
             raise ConfigError("give at least one profile (profiles=...) or a profile_map TOML")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+    @classmethod
+    def preset(cls, name: str, *, dataset: str, out_dir: Path | str, **fields: Any) -> SimulateConfig:
+        """``default`` (every field's default) or ``fedmho``, with any field given by keyword.
+
+        ``fedmho`` is FedMHO's setting (section 5.1, Table 3): classifier and CVAE devices alternate
+        (``laptop-cpu``, ``wearable``: 5 + 5 of 10 clients); the classifier devices upload their
+        classifier alone, all of one architecture (:data:`FEDMHO_ARCH`, within the laptop's budget; the
+        paper's VGG-9 is not: 126 MFLOPs) trained from the server's shared initial weights; the CVAE
+        devices train cvae-small with the dataset's Table 3 settings; the server initialises the global
+        model by FedAvg of the classifiers and fuses it on the filtered decoder samples with FedMHO-MD
+        (the dataset's Table 3 global epochs and learning rate, lambda 0.5; 12,000 samples for EMNIST,
+        6,000 otherwise). ``aggregate=...`` replaces the server's settings whole (e.g. ``fusion`` mode sd).
+        """
+        presets: dict[str, dict[str, Any]] = {"default": {}, "fedmho": _fedmho_fields(dataset)}
+        return from_preset(cls, presets, name, "simulate", dataset=dataset, out_dir=out_dir, **fields)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["out_dir"] = str(self.out_dir)
         data["profile_map"] = str(self.profile_map) if self.profile_map else None
         return data
+
+
+# FedMHO's classifier architecture here: CNN1 (pFedZKD's MNIST CNN), 21 MFLOPs at 28x28, within every
+# classifier profile that is not a phone's low end; the paper's VGG-9 (126 MFLOPs) fits none of them
+FEDMHO_ARCH = "C32k5-P-C64k5-P-F10"
+FEDMHO_EPOCHS = 10  # local epochs of the classifiers (the paper: 200, insensitive above 50, Fig. 7)
+
+
+def _fedmho_fields(dataset: str) -> dict[str, Any]:
+    """The fields of the ``fedmho`` preset for ``dataset`` (its Table 3 row where the paper has one)."""
+    from server_kit.fusion import FusionConfig
+
+    def table3(factory: Any, **extra: Any) -> Any:
+        try:
+            return factory(dataset, **extra)
+        except ConfigError:  # a dataset the paper does not tune (digits, cifar10 fusion): ours
+            return factory("fast", **extra)
+
+    return {
+        "profiles": ("laptop-cpu", "wearable"),
+        "decoders": False,
+        "shared_init": True,
+        "search": SearchConfig(strategy="fixed", fixed_arch=FEDMHO_ARCH, final_epochs=FEDMHO_EPOCHS),
+        "cvae": table3(CVAEConfig.preset),
+        "aggregate": AggregateConfig(
+            synth=("decoder",),
+            fusion=table3(FusionConfig.preset, mode="md"),
+            fedavg_init=True,
+            decoder_samples=12_000 if dataset.lower() == "emnist" else 6_000,
+        ),
+    }
 
 
 def assign_profiles(num_clients: int, profiles: tuple[str, ...], profile_map: Path | None) -> list[str]:
@@ -179,8 +237,9 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _client_config(config: SimulateConfig, k: int) -> ClientConfig:
-    """Client ``k``'s settings: the simulation's search and CVAE, seed ``seed + k``, role ``auto``."""
+def _client_config(config: SimulateConfig, k: int, role: str, init: Path | None) -> ClientConfig:
+    """Client ``k``'s settings: the simulation's search and CVAE, seed ``seed + k``, its resolved
+    ``role`` and, when it trains a classifier, the shared initial weights ``init`` (if any)."""
     return ClientConfig(
         search=config.search,
         cvae=config.cvae,
@@ -190,6 +249,40 @@ def _client_config(config: SimulateConfig, k: int) -> ClientConfig:
         seed=config.seed + k,
         device=config.device,
         progress=config.progress and config.jobs == 1,
+        role=role,
+        init=str(init) if init is not None and role != "cvae" else None,
+    )
+
+
+def _roles(config: SimulateConfig, names: list[str], test_path: Path) -> list[str]:
+    """Each client's role as `edge-sdk run --role auto` resolves it on its profile (classifier, cvae or
+    both), with ``both`` made ``classifier`` when ``config.decoders`` is off."""
+    from edge_sdk.data import load_client_data
+
+    task = load_client_data(test_path)
+    roles = []
+    for name in names:
+        role = resolve_role(
+            "auto", load_profile(name), task.input_shape, task.num_classes, config.search, config.cvae
+        )
+        roles.append("classifier" if role == "both" and not config.decoders else role)
+    return roles
+
+
+def _shared_init(config: SimulateConfig, roles: list[str], test_path: Path) -> Path | None:
+    """``out_dir/init.onnx``, the server's initial weights of the one architecture every classifier client
+    trains (strategy ``fixed``), or None (``shared_init`` off, a search, or no classifier client).
+    Written on every run: its bytes are a function of the arch, the task and the seed, so a resume finds
+    the file its clients recorded (ClientConfig.to_dict holds its sha256)."""
+    from edge_sdk.data import load_client_data
+    from edge_sdk.shared_init import write_initial_weights
+
+    if not config.shared_init or config.search.strategy != "fixed" or set(roles) <= {"cvae"}:
+        return None
+    path = config.out_dir / "init.onnx"
+    task = load_client_data(test_path)
+    return write_initial_weights(
+        path, config.search.fixed_arch, task.input_shape, task.num_classes, seed=config.seed
     )
 
 
@@ -300,7 +393,9 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
         client_dir = out / "clients"
         client_dir.mkdir(parents=True, exist_ok=True)
         bundles = [client_dir / f"client_{k:02d}.bundle" for k in range(config.num_clients)]
-        client_configs = [_client_config(config, k) for k in range(config.num_clients)]
+        roles = _roles(config, names, out / "data" / "test.npz")
+        init = _shared_init(config, roles, out / "data" / "test.npz")
+        client_configs = [_client_config(config, k, roles[k], init) for k in range(config.num_clients)]
         todo = [
             k
             for k in range(config.num_clients)

@@ -97,3 +97,39 @@ def test_simulate_mixes_classifier_and_cvae_clients(tmp_path):
     report = json.loads((tmp_path / "server" / "report.json").read_text())
     assert report["training"] == "FedMHO-md" and report["decoders"]["sampled"] == 300
     assert results["global_accuracy"] > 0.3  # three digits clients, ten classes: chance is 0.1
+
+
+def test_fedmho_preset_end_to_end_on_digits(tmp_path):
+    # the paper's setting on a small task: classifier and CVAE devices alternate, the classifiers share
+    # the server's initial weights and upload no decoder, the server averages them and fuses (MD)
+    args = [
+        "simulate", "--method", "fedmho", "--dataset", "digits", "--num-clients", "4", "--alpha", "1.0",
+        "--seed", "0", "--quiet", "--jobs", "2", "--out", str(tmp_path),
+    ]  # fmt: skip
+    assert main(args) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [c["kind"] for c in results["clients"]] == ["classifier", "cvae_decoder"] * 2
+    assert not (tmp_path / "clients" / "client_00.decoder.bundle").exists()  # classifiers alone
+    reports = [
+        json.loads((tmp_path / "clients" / f"client_0{k}.bundle.report.json").read_text()) for k in (0, 2)
+    ]
+    inits = {r["init"]["sha256"] for r in reports}
+    assert len(inits) == 1 and reports[0]["config"]["search"]["strategy"] == "fixed"
+    server = json.loads((tmp_path / "server" / "report.json").read_text())
+    assert server["init"] == "fedavg" and server["training"] == "FedMHO-md"
+    assert results["global_accuracy"] > 0.5
+
+    # the server side again with SD: the clients (same settings, same init file) are reused
+    assert main([*args, "--fusion", "sd"]) == 0
+    assert json.loads((tmp_path / "results.json").read_text())["resumed_clients"] == 4
+    assert json.loads((tmp_path / "server" / "report.json").read_text())["training"] == "FedMHO-sd"
+    # other initial weights are another client setting: a resume would train the classifiers again
+    from edge_sdk.shared_init import initial_weights
+    from server_kit.simulate import SimulateConfig, _client_config, _finished
+
+    config = SimulateConfig.preset("fedmho", dataset="digits", out_dir=tmp_path, num_clients=4, alpha=1.0)
+    bundle = tmp_path / "clients" / "client_00.bundle"
+    init = tmp_path / "init.onnx"
+    assert _finished(bundle, _client_config(config, 0, "classifier", init).to_dict())
+    init.write_bytes(initial_weights(config.search.fixed_arch, (1, 8, 8), 10, seed=1))
+    assert not _finished(bundle, _client_config(config, 0, "classifier", init).to_dict())

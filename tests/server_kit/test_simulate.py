@@ -96,7 +96,8 @@ def test_classifier_devices_upload_a_decoder_and_a_resume_checks_the_settings(fe
     # a client made without the unknown output is redone when the federation asks for it
     from server_kit.simulate import SimulateConfig, _client_config
 
-    fedov = _client_config(SimulateConfig(dataset="digits", out_dir=out, unknown_output=True), 0)
+    federation = SimulateConfig(dataset="digits", out_dir=out, unknown_output=True)
+    fedov = _client_config(federation, 0, "both", None)
     assert fedov.unknown_output and not _finished(clients / "client_00.bundle", fedov.to_dict())
     (clients / "client_01.decoder.bundle").write_bytes(b"torn")  # a broken upload is redone
     recorded = json.loads((clients / "client_01.bundle.report.json").read_text())["config"]
