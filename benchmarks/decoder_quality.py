@@ -1,7 +1,7 @@
 """How recognisable the uploaded CVAE decoders' samples are, per class (issue #18).
 
     .venv/bin/python benchmarks/decoder_quality.py RUN_DIR [RUN_DIR ...] --out FILE.json
-        [--reference reference.onnx] [--per-class 300] [--samples 6000] [--threads 2]
+        [--reference reference.onnx] [--per-class 300] [--samples 6000] [--temperature 1.0] [--threads 2]
 
 A reference classifier is trained on real images (the union of the run's client files, i.e. the
 training set; CNN1, 3 epochs: about 99 % on MNIST's test set) and saved to ``--reference`` (reused when
@@ -65,7 +65,9 @@ def _summary(per_class: list[float | None]) -> dict[str, Any]:
     return {"per_class": per_class, "min": min(scored) if scored else None, "mean": float(np.mean(scored))}
 
 
-def measure(run: Path, reference: torch.nn.Module, *, per_class: int, samples: int) -> dict[str, Any]:
+def measure(
+    run: Path, reference: torch.nn.Module, *, per_class: int, samples: int, temperature: float
+) -> dict[str, Any]:
     paths = sorted(run.glob("clients/*.bundle"))
     decoders = [(p, read_bundle(p)) for p in paths]
     decoders = [(p, b) for p, b in decoders if b.kind == "cvae_decoder"]
@@ -77,7 +79,9 @@ def measure(run: Path, reference: torch.nn.Module, *, per_class: int, samples: i
     rows = []
     for (path, bundle), module, row in zip(decoders, modules, counts, strict=True):
         held = [per_class if n > 0 else 0 for n in row]  # the same number of samples of each held class
-        x, y = sample_decoders([module], [held], total=sum(held), num_classes=classes, seed=0)
+        x, y = sample_decoders(
+            [module], [held], total=sum(held), num_classes=classes, seed=0, temperature=temperature
+        )
         rows.append(
             {
                 "bundle": path.name,
@@ -86,10 +90,13 @@ def measure(run: Path, reference: torch.nn.Module, *, per_class: int, samples: i
                 **_summary(recognised(reference, x, y, classes)),
             }
         )
-    x, y = sample_decoders(modules, counts, total=samples, num_classes=classes, seed=0)
+    x, y = sample_decoders(
+        modules, counts, total=samples, num_classes=classes, seed=0, temperature=temperature
+    )
     keep = filter_by_centroid(x, y, keep=0.8)
     return {
         "run": str(run),
+        "temperature": temperature,
         "per_decoder": rows,
         "server": {
             "sampled": len(y),
@@ -108,6 +115,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference", type=Path, default=Path("runs/bench/reference-cnn1.onnx"))
     parser.add_argument("--per-class", type=int, default=300)
     parser.add_argument("--samples", type=int, default=6000)
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="z ~ N(0, t^2 I), as --decoder-temperature"
+    )
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -117,7 +127,10 @@ def main(argv: list[str] | None = None) -> None:
     results = {
         "reference": {"arch": REFERENCE_ARCH, "file": str(args.reference), **_summary(accuracy)},
         "runs": [
-            measure(run, reference, per_class=args.per_class, samples=args.samples) for run in args.runs
+            measure(
+                run, reference, per_class=args.per_class, samples=args.samples, temperature=args.temperature
+            )
+            for run in args.runs
         ],
     }
     atomic_write_json(args.out, results)

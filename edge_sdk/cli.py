@@ -152,7 +152,13 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 
 
 # --cvae-* option -> CVAEConfig field
-CVAE_KNOBS = {"cvae_model": "model", "latent_dim": "latent_dim", "cvae_epochs": "epochs", "cvae_lr": "lr"}
+CVAE_KNOBS = {
+    "cvae_model": "model",
+    "latent_dim": "latent_dim",
+    "cvae_epochs": "epochs",
+    "cvae_lr": "lr",
+    "cvae_kl_weight": "kl_weight",
+}
 
 
 def add_cvae_args(p: argparse.ArgumentParser) -> None:
@@ -181,6 +187,7 @@ def add_cvae_knobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latent-dim", type=int, help="CVAE latent size z")
     p.add_argument("--cvae-epochs", type=int, help="CVAE training epochs")
     p.add_argument("--cvae-lr", type=float, help="CVAE Adam learning rate")
+    p.add_argument("--cvae-kl-weight", type=float, help="CVAE training's KL weight (beta; default 1)")
 
 
 def cvae_config(args: argparse.Namespace, base: Any = None):  # -> CVAEConfig

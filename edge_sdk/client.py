@@ -128,10 +128,12 @@ class ClientConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings a client report records (and a resume compares). ``unknown_output`` is written
-        only when set, so the reports of clients made before it existed still match their settings;
-        ``precision`` is written resolved."""
-        out = {
+        """The settings a client report records (and a resume compares): those that apply to the role
+        (an explicit ``classifier`` trains no CVAE, ``cvae`` searches nothing, so the other half's
+        settings are left out; ``auto`` and ``both`` keep both). ``unknown_output`` is written only when
+        set, so the reports of clients made before it existed still match; ``precision`` is written
+        resolved."""
+        out: dict[str, Any] = {
             "search": dataclasses.asdict(self.search),
             "val_fraction": self.val_fraction,
             "seed": self.seed,
@@ -139,11 +141,17 @@ class ClientConfig:
             "role": self.role,
             "cvae": self.cvae.to_dict(),
         }
+        if self.role == "classifier":
+            del out["cvae"]
+        elif self.role == "cvae":
+            del out["search"]
         # the precision that runs (auto resolved on this machine), so a resume on a machine where auto
         # means another precision trains again
         precision = resolve_precision(self.precision, resolve_device(self.device))
-        if self.init is not None:  # the file's content, so a resume after a new init trains again
-            out["init"] = {"path": self.init, "sha256": _file_sha256(self.init)}
+        if self.init is not None:
+            # the file's content, not its path: a resume after a new init trains again, a run directory
+            # moved elsewhere does not (the report's "init" entry says where the file was)
+            out["init"] = {"sha256": _file_sha256(self.init)}
         return out | ({"unknown_output": True} if self.unknown_output else {}) | {"precision": precision}
 
 

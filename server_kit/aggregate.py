@@ -46,7 +46,7 @@ from profiles.errors import (
     ToolkitError,
 )
 from server_kit.adversarial import AdversarialConfig, adversarial_distill
-from server_kit.decoders import filter_by_centroid, load_decoder, sample_decoders
+from server_kit.decoders import check_temperature, filter_by_centroid, load_decoder, sample_decoders
 from server_kit.distill import DistillConfig, distill
 from server_kit.fedavg import fedavg_init
 from server_kit.fusion import FusionConfig, fuse
@@ -151,6 +151,8 @@ class AggregateConfig:
     adversarial: AdversarialConfig | None = None
     decoder_samples: int = 6000  # FedMHO's synthetic budget (12,000 for EMNIST)
     decoder_keep: float = 0.8  # R_th of the centroid filter
+    # z ~ N(0, t^2 I) when the decoders are sampled (server_kit.decoders.sample_decoders); 1 = the paper
+    decoder_temperature: float = 1.0
     fusion: FusionConfig | None = None
     fedavg_init: bool = True
     hard_labels: bool = False
@@ -211,6 +213,7 @@ class AggregateConfig:
             raise ConfigError(f"decoder_samples must be a positive integer, got {self.decoder_samples!r}")
         if not isinstance(self.decoder_keep, int | float) or not 0 < self.decoder_keep <= 1:
             raise ConfigError(f"decoder_keep must be in (0, 1], got {self.decoder_keep!r}")
+        check_temperature(self.decoder_temperature)
         if self.fusion is not None and not isinstance(self.fusion, FusionConfig):
             raise ConfigError(f"fusion must be None or a FusionConfig, got {type(self.fusion).__name__}")
         if self.fusion is not None and self.synth is not None and "decoder" not in self.synth:
@@ -606,6 +609,7 @@ def top_up(
             num_classes=num_classes,
             seed=derive_seed(config.seed, TOP_UP_STREAM, c),
             device=fed.device,
+            temperature=config.decoder_temperature,
         )
         mask = filter_by_centroid(x, y, keep=config.decoder_keep)
         xs.append(x[mask])
@@ -741,6 +745,8 @@ def train_global(
             decoder_part.target_class,
             config=config.fusion,
             teachers=fed.modules,
+            label_counts=synthesis.label_counts,  # the counts synthesis trusted (verified when checked)
+            decoder_counts=synthesis.decoders.label_counts if synthesis.decoders is not None else (),
             seed=config.seed,
             device=fed.device,
             progress=progress,
@@ -1001,6 +1007,7 @@ def _decoder_samples(
         num_classes=num_classes,
         seed=config.seed,
         device=device,
+        temperature=config.decoder_temperature,
     )
     mask = filter_by_centroid(x, y, keep=config.decoder_keep)
     write_grid(out / "decoder_samples.png", x, F.one_hot(y, num_classes).float())

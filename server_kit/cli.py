@@ -92,6 +92,9 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decoder-samples", type=int, help="images decoded from the CVAE decoders (paper: 6000)")
     g.add_argument("--decoder-keep", type=float, help="fraction kept nearest each class centroid (R_th 0.8)")
     g.add_argument(
+        "--decoder-temperature", type=float, help="decoders sample z ~ N(0, t^2 I), t in (0, 1] (paper: 1)"
+    )
+    g.add_argument(
         "--fusion",
         choices=["ce", "md", "sd"],
         help="FedMHO: init (FedAvg or consensus distillation), then train on decoder samples with this loss",
@@ -102,6 +105,13 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fusion-epochs", type=int)
     g.add_argument("--fusion-lr", type=float)
     g.add_argument("--fusion-lambda", type=float, help="CE weight of FedMHO-MD/SD (default 0.5)")
+    g.add_argument(
+        "--fusion-teacher",
+        choices=["agreeing", "conditioned", "mean"],
+        help="teacher of MD/SD: conditioned (the bundles holding the sample's class, by their share of "
+        "it), agreeing (default: conditioned, each classifier's share scaled by how much it recognises "
+        "the class on its decoder samples) or mean (the paper's Eqs. 6-7)",
+    )
     g.add_argument(
         "--no-fedavg-init",
         dest="fedavg_init",
@@ -224,11 +234,26 @@ def aggregate_config(args: argparse.Namespace, *, seed: int, base=None):  # -> A
     gen = _with_knobs(base.generator, args, GENERATOR_KNOBS)
     labels = _with_knobs(base.labels, args, LABEL_KNOBS)
     names = ["student", "synth", "hard_labels", "on_error", "threads", "verify_claims", "top_up", "precision"]
-    top = overrides(args, [*names, "decoder_samples", "decoder_keep", "fedavg_init", "construction_weight"])
+    top = overrides(
+        args,
+        [
+            *names,
+            "decoder_samples",
+            "decoder_keep",
+            "decoder_temperature",
+            "fedavg_init",
+            "construction_weight",
+        ],
+    )
     if args.construction_labels is not None:
         text = args.construction_labels.strip()
         top["construction_labels"] = () if text == "none" else text
-    knobs = {"epochs": args.fusion_epochs, "lr": args.fusion_lr, "lam": args.fusion_lambda}
+    knobs = {
+        "epochs": args.fusion_epochs,
+        "lr": args.fusion_lr,
+        "lam": args.fusion_lambda,
+        "teacher": args.fusion_teacher,
+    }
     given = {k: v for k, v in knobs.items() if v is not None}
     if args.fusion is not None or args.fusion_preset is not None or given:
         from server_kit.fusion import FusionConfig

@@ -238,6 +238,17 @@ def allocate_samples(
     return cells
 
 
+def check_temperature(temperature: float) -> float:
+    """A sampling temperature: a finite number in (0, 1] (above 1 only draws further off the prior)."""
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not (math.isfinite(temperature) and 0.0 < temperature <= 1.0)
+    ):
+        raise ConfigError(f"the decoder sampling temperature must be in (0, 1], got {temperature!r}")
+    return float(temperature)
+
+
 def _stream(seed: int, client: int) -> torch.Generator:
     entropy = np.random.SeedSequence([seed, client]).generate_state(2, dtype=np.uint32)
     return torch.Generator().manual_seed((int(entropy[0]) << 32) | int(entropy[1]))
@@ -254,11 +265,14 @@ def sample_decoders(
     device: str | torch.device = "cpu",
     weighting: str = "examples",
     batch_size: int = 1024,
+    temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Decode ``total`` synthetic images: (x float32 N x C x H x W in [0, 1], y int64 N), on CPU.
 
     Decoder k gets the label counts of :func:`allocate_samples` for client k (same order) and decodes
-    z ~ N(0, I) drawn from its own seeded stream (on CPU, so the draw is device-independent). Samples
+    z ~ N(0, temperature^2 I) drawn from its own seeded stream (on CPU, so the draw is
+    device-independent); a temperature under 1 draws nearer the prior's mode, where the decoder leans
+    on the label more than on z (the truncation trick of generative models). Samples
     are grouped by client, then class. Values outside [0, 1] (a foreign decoder) are clipped.
     """
     if len(decoders) != len(label_counts_per_client) or not decoders:
@@ -270,6 +284,7 @@ def sample_decoders(
         raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    check_temperature(temperature)
     for k, row in enumerate(label_counts_per_client):
         if len(row) != num_classes:
             raise ConfigError(
@@ -298,6 +313,8 @@ def sample_decoders(
         if len(labels) == 0:
             continue
         z = torch.randn((len(labels), decoder.latent_dim), generator=_stream(seed, k))
+        if temperature != 1.0:
+            z *= temperature
         was_training = decoder.training
         decoder.eval()
         for start in range(0, len(labels), batch_size):

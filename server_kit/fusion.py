@@ -8,6 +8,21 @@ Three losses, one per variant:
 - ``sd`` (FedMHO-SD): the same with p_T from the initial global model w_0 (Eq. 7), which keeps the
   student close to the FedAvg initialisation it started from.
 
+Who the teacher is (``FusionConfig.teacher``):
+
+- ``mean``: the paper's p_T above, the same for every sample.
+- ``conditioned`` (ours): the teacher of a sample made for class y is every bundle that holds y, weighted
+  by its share of y's examples, n_ky / sum_j n_jy, over the classifiers *and* the decoders. A classifier
+  votes with its softmax (md: each classifier; sd: w_0, the average of them all, with their summed share);
+  a decoder votes for y, the class it was asked to draw. Under label skew the mean teacher is wrong on the
+  classes few classifiers hold (MNIST alpha 0.5: the mean MD teacher left the global model at 54 % on a
+  class one classifier of five held; benchmarks/RESULTS.md, "FedMHO at the paper's numbers"); a teacher
+  that never saw y has weight 0 on y's samples, the same rule as ``server_kit.labels``' ``conditioned``.
+- ``agreeing`` (ours, the default): ``conditioned``, with each classifier's share of y scaled by how much
+  it recognises y on y's decoder samples (its mean probability of y there); the share it loses goes to
+  the label y. It matters for sd: FedAvg can lose a class that one classifier held (w_0 at 0-9 % on such
+  classes at alpha 0.3), and a w_0 that calls those samples something else would teach that.
+
 KL uses ``reduction="batchmean"`` (the true KL per sample). The reference code sums CE and
 ``nn.KLDivLoss()`` with its default ``"mean"`` reduction, which divides by batch x classes, so its KL term
 is 1/K of this one, and it drops the lam weights. No temperature (the paper uses none).
@@ -34,9 +49,10 @@ from edge_sdk.train import seeded
 from profiles.checks import from_preset
 from profiles.errors import ConfigError, DataError
 
-__all__ = ["MODES", "FusionConfig", "fuse", "fusion_loss", "teacher_probs"]
+__all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
 
 MODES = ("ce", "md", "sd")
+TEACHERS = ("agreeing", "conditioned", "mean")
 
 # The paper's Table 3: Adam, batch 64, global epochs / learning rate per dataset (MNIST 10 / 1e-5,
 # Fashion 20 / 5e-4, SVHN 20 / 5e-5, EMNIST 30 / 5e-5); lam = 0.5 (section 4.3). The reference code runs
@@ -58,6 +74,9 @@ class FusionConfig:
     Attributes:
         mode: ``ce`` (FedMHO), ``md`` (FedMHO-MD) or ``sd`` (FedMHO-SD).
         lam: weight of the CE term in md / sd (Eq. 8); unused by ``ce``.
+        teacher: who teaches md / sd: ``agreeing`` or ``conditioned`` (the bundles that hold the
+            sample's class, by their share of it) or ``mean`` (Eqs. 6-7 as written); see the module
+            docstring. ``ce`` has no teacher: another value than the default is refused.
         epochs: passes over the synthetic set.
         lr: Adam learning rate.
         batch_size: images per step (a trailing batch of one image joins the previous one, for BatchNorm).
@@ -66,6 +85,7 @@ class FusionConfig:
 
     mode: str = "md"
     lam: float = 0.5
+    teacher: str = "agreeing"
     epochs: int = 10
     lr: float = 1e-3
     batch_size: int = 64
@@ -75,6 +95,10 @@ class FusionConfig:
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         _check_lam(self.lam)
+        if self.teacher not in TEACHERS:
+            raise ConfigError(f"teacher must be one of {TEACHERS}, got {self.teacher!r}")
+        if self.mode == "ce" and self.teacher != "agreeing":
+            raise ConfigError("mode 'ce' has no teacher: leave teacher at its default or pick md / sd")
         for name, low in (("epochs", 0), ("batch_size", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -137,30 +161,92 @@ def fusion_loss(
 
 
 @torch.no_grad()
-def teacher_probs(
+def _logits(
     teachers: Sequence[nn.Module], x: Tensor, *, batch_size: int = 512, device: str | torch.device = "cpu"
-) -> Tensor:
-    """N x L softmax of the teachers' mean logits on ``x`` (Eq. 6; one teacher gives Eq. 7), on CPU.
-
-    Teachers run in eval mode; their training flags are restored.
-    """
+) -> list[Tensor]:
+    """Each teacher's N x L float32 logits on ``x``, on CPU (eval mode; training flags restored)."""
     modules = [getattr(t, "module", t) for t in teachers]  # a server_kit.teachers.Teacher or a module
     if not modules:
-        raise ConfigError("teacher_probs needs at least one teacher")
+        raise ConfigError("the fusion teacher needs at least one classifier")
     dev = torch.device(device)
     flags = [m.training for m in modules]
-    for m in modules:
-        m.eval().to(dev)
+    out: list[list[Tensor]] = [[] for _ in modules]
     try:
-        out = []
+        for m in modules:
+            m.eval().to(dev)
         for start in range(0, len(x), batch_size):
             xb = x[start : start + batch_size].to(dev)
-            mean_logits = torch.stack([m(xb).float() for m in modules]).mean(dim=0)  # B x L
-            out.append(F.softmax(mean_logits, dim=1).cpu())
+            for j, m in enumerate(modules):
+                out[j].append(m(xb).float().cpu())
     finally:
         for m, flag in zip(modules, flags, strict=True):
             m.train(flag)
-    return torch.cat(out)
+    return [torch.cat(parts) for parts in out]
+
+
+def teacher_probs(
+    teachers: Sequence[nn.Module], x: Tensor, *, batch_size: int = 512, device: str | torch.device = "cpu"
+) -> Tensor:
+    """N x L softmax of the teachers' mean logits on ``x`` (Eq. 6; one teacher gives Eq. 7), on CPU."""
+    logits = _logits(teachers, x, batch_size=batch_size, device=device)
+    return F.softmax(torch.stack(logits).mean(dim=0), dim=1)
+
+
+def _counts(rows: Sequence[Sequence[int]] | Tensor, num_classes: int, what: str) -> Tensor:
+    counts = torch.as_tensor(rows, dtype=torch.float64).reshape(-1, num_classes) if len(rows) else None
+    if counts is None:
+        return torch.zeros(0, num_classes, dtype=torch.float64)
+    if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()):
+        raise DataError(f"{what} must be finite counts >= 0")
+    return counts
+
+
+def conditioned_targets(
+    probs: Sequence[Tensor],
+    y: Tensor,
+    label_counts: Sequence[Sequence[int]] | Tensor,
+    decoder_counts: Sequence[Sequence[int]] | Tensor = (),
+    *,
+    agreement: bool = False,
+) -> Tensor:
+    """N x L soft targets of the ``conditioned`` (``agreeing``) teacher: for a sample of class y,
+    sum_k w_ky p_k + w_dy one_hot(y), with w_ky = n_ky / N_y for classifier k (``probs[k]``, N x L, its
+    softmax on the samples), w_dy = (sum_d m_dy) / N_y for the decoders and N_y every bundle's count of y.
+    A class nobody claims (N_y = 0) gets its one-hot label. ``label_counts``: one row per entry of ``probs``.
+
+    ``agreement``: classifier k's weight on y is further scaled by a_ky, its mean probability of y on
+    the samples made for y (how far it recognises the class it claims; measured on these synthetic
+    samples, no real data), and the weight it loses goes to the one-hot label. A FedAvg w_0 that lost a
+    class in the averaging then stops teaching that class's samples away from it."""
+    if not probs:
+        raise ConfigError("conditioned_targets needs the probabilities of at least one classifier")
+    n, num_classes = probs[0].shape
+    y = y.long()
+    if tuple(y.shape) != (n,) or (n and (int(y.min()) < 0 or int(y.max()) >= num_classes)):
+        raise ConfigError(f"y must be {n} labels in [0, {num_classes}), got shape {tuple(y.shape)}")
+    counts = _counts(label_counts, num_classes, "label_counts")
+    decoders = _counts(decoder_counts, num_classes, "decoder_counts")
+    if counts.shape[0] != len(probs):
+        raise ConfigError(f"label_counts has {counts.shape[0]} rows for {len(probs)} classifiers")
+    total = counts.sum(dim=0) + decoders.sum(dim=0)  # L: every bundle's examples of each class
+    safe = total.clamp(min=1.0)
+    held_by_decoders = torch.where(total > 0, decoders.sum(dim=0) / safe, torch.ones_like(total))
+    one_hot = F.one_hot(y, num_classes).double()
+    out = one_hot * held_by_decoders[y].unsqueeze(1)
+    for k, p in enumerate(probs):
+        if tuple(p.shape) != (n, num_classes):
+            raise ConfigError(f"probs[{k}] is {tuple(p.shape)}, probs[0] {(n, num_classes)}")
+        share = counts[k] / safe  # L
+        if agreement:  # a_ky: mean p_k(y | x) over the samples of y (1 for a class with no sample)
+            hits = torch.zeros(num_classes, dtype=torch.float64).index_add_(
+                0, y, p.double()[torch.arange(n), y]
+            )
+            made = torch.bincount(y, minlength=num_classes).double()
+            agree = torch.where(made > 0, hits / made.clamp(min=1.0), torch.ones_like(made))
+            out += one_hot * (share * (1.0 - agree))[y].unsqueeze(1)
+            share = share * agree
+        out += p.double() * share[y].unsqueeze(1)
+    return out.float()
 
 
 def _batches(n: int, batch_size: int) -> list[tuple[int, int]]:
@@ -178,6 +264,8 @@ def fuse(
     config: FusionConfig,
     teachers: Sequence[nn.Module] | None = None,
     initial: nn.Module | None = None,
+    label_counts: Sequence[Sequence[int]] | None = None,
+    decoder_counts: Sequence[Sequence[int]] = (),
     seed: int,
     device: str | torch.device = "cpu",
     progress: bool = False,
@@ -187,8 +275,9 @@ def fuse(
 
     x: float32 N x C x H x W in [0, 1] (uint8 is converted); y: int64 labels. ``md`` needs ``teachers``
     (the classifier modules or Teachers). ``sd`` uses ``initial`` as w_0, or a frozen copy of ``student``
-    as it is on entry (which is w_0 when the student was just initialised by FedAvg). ``seed`` fixes the
-    batch order and Dropout.
+    as it is on entry (which is w_0 when the student was just initialised by FedAvg). The conditioned
+    teachers need ``label_counts`` (one row per teacher: the classifiers' counts, which w_0 speaks for in
+    ``sd``) and ``decoder_counts`` (the decoders' rows). ``seed`` fixes the batch order and Dropout.
     """
     if not isinstance(config, FusionConfig):
         raise ConfigError(f"config must be a FusionConfig, got {type(config).__name__}")
@@ -204,13 +293,33 @@ def fuse(
         else torch.device(device)
     )
     probs: Tensor | None = None
-    if config.mode == "md":
-        if not teachers:
+    if config.mode != "ce":
+        if config.mode == "md" and not teachers:
             raise ConfigError("mode 'md' needs the classifier teachers (teachers=[...])")
-        probs = teacher_probs(teachers, x, device=dev)
-    elif config.mode == "sd":
-        reference = initial if initial is not None else copy.deepcopy(student)
-        probs = teacher_probs([reference], x, device=dev)
+        if config.mode == "sd":
+            reference = initial if initial is not None else copy.deepcopy(student)
+        if config.teacher == "mean":
+            probs = teacher_probs(teachers if config.mode == "md" else [reference], x, device=dev)
+        else:
+            if label_counts is None or (config.mode == "md" and len(label_counts) != len(teachers or ())):
+                raise ConfigError(
+                    f"the {config.teacher} {config.mode} teacher needs label_counts, one row per classifier "
+                    f"({len(teachers or ())}), got {None if label_counts is None else len(label_counts)}; "
+                    "pass the bundles' counts or use teacher='mean'"
+                )
+            if config.mode == "md":
+                logits = _logits(teachers, x, device=dev)  # type: ignore[arg-type]
+                rows: Sequence[Sequence[int]] | Tensor = label_counts
+            else:  # w_0 speaks for every classifier it was averaged from
+                logits = _logits([reference], x, device=dev)
+                rows = torch.as_tensor(label_counts, dtype=torch.float64).sum(dim=0, keepdim=True)
+            probs = conditioned_targets(
+                [F.softmax(z, dim=1) for z in logits],
+                y,
+                rows,
+                decoder_counts,
+                agreement=config.teacher == "agreeing",
+            )
     x_dev, y_dev = x.to(dev), y.to(device=dev, dtype=torch.long)
     probs_dev = probs.to(dev) if probs is not None else None
     student.to(dev).train()

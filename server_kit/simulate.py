@@ -95,10 +95,12 @@ class SimulateConfig:
         (``laptop-cpu``, ``wearable``: 5 + 5 of 10 clients); the classifier devices upload their
         classifier alone, all of one architecture (:data:`FEDMHO_ARCH`, within the laptop's budget; the
         paper's VGG-9 is not: 126 MFLOPs) trained from the server's shared initial weights; the CVAE
-        devices train cvae-small with the dataset's Table 3 settings; the server initialises the global
-        model by FedAvg of the classifiers and fuses it on the filtered decoder samples with FedMHO-MD
-        (the dataset's Table 3 global epochs and learning rate, lambda 0.5; 12,000 samples for EMNIST,
-        6,000 otherwise). ``aggregate=...`` replaces the server's settings whole (e.g. ``fusion`` mode sd).
+        devices train cvae-small with the dataset's Table 3 settings (MNIST and Fashion at lr 3e-3, see
+        :mod:`edge_sdk.cvae`); the server initialises the global model by FedAvg of the classifiers and
+        fuses it on the filtered decoder samples with FedMHO-MD (the dataset's Table 3 global epochs and
+        learning rate, lambda 0.5, the ``conditioned`` teacher of :mod:`server_kit.fusion`; 12,000
+        samples for EMNIST, 6,000 otherwise). ``aggregate=...`` replaces the server's settings whole
+        (e.g. ``fusion`` mode sd).
         """
         presets: dict[str, dict[str, Any]] = {"default": {}, "fedmho": _fedmho_fields(dataset)}
         return from_preset(cls, presets, name, "simulate", dataset=dataset, out_dir=out_dir, **fields)

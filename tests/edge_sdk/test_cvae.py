@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -132,7 +133,7 @@ def test_arch_strings() -> None:
 
 def test_config_presets_and_validation() -> None:
     mnist = CVAEConfig.preset("mnist")
-    assert (mnist.epochs, mnist.lr, mnist.batch_size, mnist.model) == (30, 5e-2, 64, "cvae-small")
+    assert (mnist.epochs, mnist.lr, mnist.batch_size, mnist.model) == (30, 3e-3, 64, "cvae-small")
     assert (CVAEConfig.preset("FashionMNIST").epochs, CVAEConfig.preset("svhn").lr) == (40, 1e-3)
     assert CVAEConfig.preset("emnist", latent_dim=20).latent_dim == 20
     assert CVAEConfig.preset("fast") == CVAEConfig()
@@ -148,6 +149,11 @@ def test_config_presets_and_validation() -> None:
         CVAEConfig(lr=-1.0)
     with pytest.raises(ConfigError, match="batch_size"):
         CVAEConfig(batch_size=True)
+    for bad in (0.0, -1.0, float("inf"), True):
+        with pytest.raises(ConfigError, match="kl_weight"):
+            CVAEConfig(kl_weight=bad)
+    # kl_weight is recorded only when it is not the ELBO's 1, so older reports still match on resume
+    assert "kl_weight" not in CVAEConfig().to_dict() and CVAEConfig(kl_weight=2).to_dict()["kl_weight"] == 2
 
 
 # ----------------------------------------------------------------------------------------- decoder ONNX
@@ -254,6 +260,9 @@ def test_training_lowers_loss_and_is_deterministic(digits: ArrayDataset) -> None
     again, _ = train_cvae(digits, config=config, seed=3)
     for (key, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b), key
+    # beta = 1 is the ELBO itself; a larger beta trains another model, which keeps less of x in z
+    beta, _ = train_cvae(digits, config=dataclasses.replace(config, kl_weight=4.0), seed=3)
+    assert evaluate_cvae(beta, digits, seed=0)["kl"] < after["kl"]
 
 
 # ---------------------------------------------------------------------------------------- roles, client

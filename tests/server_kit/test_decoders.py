@@ -202,6 +202,17 @@ def test_sample_decoders_follows_the_allocation() -> None:
         sample_decoders([_Stamp(0, num_classes=4)], [[1, 1, 1]], total=4, num_classes=3, seed=0)
 
 
+def test_sample_decoders_temperature_scales_the_same_draw() -> None:
+    counts = [[4, 0, 2]]
+    x, _ = sample_decoders([_Stamp(0)], counts, total=12, num_classes=3, seed=3)
+    cold, _ = sample_decoders([_Stamp(0)], counts, total=12, num_classes=3, seed=3, temperature=0.5)
+    z0 = torch.logit(x[:, 0, 0, 2].double())
+    torch.testing.assert_close(torch.logit(cold[:, 0, 0, 2].double()), 0.5 * z0, rtol=1e-4, atol=1e-4)
+    for bad in (0.0, 1.5, float("nan"), True):
+        with pytest.raises(ConfigError, match="temperature"):
+            sample_decoders([_Stamp(0)], counts, total=4, num_classes=3, seed=0, temperature=bad)
+
+
 def test_sample_real_decoders_from_bundles(tmp_path: Path) -> None:
     paths = [
         decoder_bundle(tmp_path, "a.bundle", seed=1),

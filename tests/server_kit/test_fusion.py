@@ -9,7 +9,7 @@ from torch import nn
 
 from edge_sdk.arch import build_model
 from profiles.errors import ConfigError, DataError
-from server_kit.fusion import FusionConfig, fuse, fusion_loss, teacher_probs
+from server_kit.fusion import FusionConfig, conditioned_targets, fuse, fusion_loss, teacher_probs
 
 SHAPE = (1, 4, 4)
 
@@ -97,12 +97,20 @@ def test_fuse_lowers_the_loss_and_is_deterministic() -> None:
 
 
 def _trained(
-    mode: str, *, lam: float = 0.5, teachers: list[nn.Module] | None = None, initial=None
+    mode: str,
+    *,
+    lam: float = 0.5,
+    teachers: list[nn.Module] | None = None,
+    initial=None,
+    teacher: str = "mean",
+    **counts,
 ) -> nn.Module:
     x, y = _task()
     student = _student()
-    fuse(student, x, y, config=FusionConfig(mode=mode, lam=lam, epochs=2, batch_size=16), teachers=teachers,
-         initial=initial, seed=0)  # fmt: skip
+    config = FusionConfig(
+        mode=mode, lam=lam, epochs=2, batch_size=16, teacher=teacher if mode != "ce" else "agreeing"
+    )
+    fuse(student, x, y, config=config, teachers=teachers, initial=initial, seed=0, **counts)
     return student
 
 
@@ -143,3 +151,63 @@ def test_fusion_config() -> None:
         FusionConfig(lam=-0.1)
     with pytest.raises(ConfigError, match="lr"):
         FusionConfig(lr=0)
+
+
+def test_conditioned_targets_weigh_the_holders_of_each_class() -> None:
+    p0 = torch.tensor([[0.7, 0.2, 0.1]] * 4)
+    p1 = torch.tensor([[0.1, 0.1, 0.8]] * 4)
+    y = torch.tensor([0, 1, 2, 2])
+    # class 0: classifier 0 alone; class 1: the decoders alone; class 2: classifier 1 (3) and decoders (1)
+    counts = [[5, 0, 0], [0, 0, 3]]
+    target = conditioned_targets([p0, p1], y, counts, decoder_counts=[[0, 2, 1]])
+    torch.testing.assert_close(target[0], p0[0])
+    torch.testing.assert_close(target[1], torch.tensor([0.0, 1.0, 0.0]))
+    torch.testing.assert_close(target[2], 0.75 * p1[2] + 0.25 * torch.tensor([0.0, 0.0, 1.0]))
+    torch.testing.assert_close(target.sum(dim=1), torch.ones(4))
+    # agreement: classifier 0 gives class 0 a mean probability 0.7 on 0's samples, so it keeps 0.7 of its
+    # share and the rest goes to the label; classifier 1 gives class 2 0.8
+    agreed = conditioned_targets([p0, p1], y, counts, decoder_counts=[[0, 2, 1]], agreement=True)
+    torch.testing.assert_close(agreed[0], 0.7 * p0[0] + 0.3 * torch.tensor([1.0, 0.0, 0.0]))
+    torch.testing.assert_close(agreed[2], 0.75 * 0.8 * p1[2] + (1 - 0.6) * torch.tensor([0.0, 0.0, 1.0]))
+    torch.testing.assert_close(agreed.sum(dim=1), torch.ones(4))
+    # a class nobody claims is its one-hot label
+    torch.testing.assert_close(
+        conditioned_targets([p0[:1]], y[:1], [[0, 0, 0]])[0], torch.tensor([1.0, 0.0, 0.0])
+    )
+    with pytest.raises(ConfigError, match="rows"):
+        conditioned_targets([p0, p1], y, [[1, 1, 1]])
+    with pytest.raises(DataError, match="counts"):
+        conditioned_targets([p0], y, [[-1, 0, 0]])
+
+
+def test_fuse_with_the_conditioned_teacher() -> None:
+    teachers = [_student(5)]
+    # a teacher that holds none of the classes has weight 0: the target is the one-hot label and
+    # lam CE + (1 - lam) KL(one-hot || p) is the CE loss
+    ce = _trained("ce")
+    blind = _trained("md", teachers=teachers, teacher="conditioned", label_counts=[[0, 0, 0]],
+                     decoder_counts=[[4, 4, 4]])  # fmt: skip
+    for a, b in zip(ce.state_dict().values(), blind.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
+    # a teacher holding every class alone is the mean teacher
+    sole = _trained("md", teachers=teachers, teacher="conditioned", label_counts=[[4, 4, 4]])
+    assert _same(sole, _trained("md", teachers=teachers))
+    # agreeing: a random teacher recognises its classes only in part, so it teaches less than its share
+    agreeing = _trained("md", teachers=teachers, teacher="agreeing", label_counts=[[4, 4, 4]])
+    assert not _same(agreeing, sole)
+    # sd: w_0 speaks for the classifiers' summed counts
+    assert _same(
+        _trained(
+            "sd", teacher="conditioned", label_counts=[[4, 0, 1], [0, 4, 1]], decoder_counts=[[1, 1, 1]]
+        ),
+        _trained("sd", teacher="conditioned", label_counts=[[4, 4, 2]], decoder_counts=[[1, 1, 1]]),
+    )
+    x, y = _task()
+    with pytest.raises(ConfigError, match="label_counts"):
+        fuse(_student(), x, y, config=FusionConfig(mode="md", epochs=1), teachers=teachers, seed=0)
+    with pytest.raises(ConfigError, match="no teacher"):
+        FusionConfig(mode="ce", teacher="mean")
+    with pytest.raises(ConfigError, match="teacher"):
+        FusionConfig(teacher="vote")
+    with pytest.raises(ConfigError, match="no teacher"):
+        FusionConfig(mode="ce", teacher="conditioned")
