@@ -30,8 +30,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from common.errors import SpecError
 from edge_sdk.elastic import ElasticNet, ElasticSpec
-from profiles.errors import SpecError
 
 __all__ = [
     "MAX_CHANNELS",

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from common.errors import ConfigError, ToolkitError
 from export.atomic import check_output_dir, check_output_file
-from profiles.errors import ConfigError, ToolkitError
 
 __all__ = ["cli_main", "main"]
 

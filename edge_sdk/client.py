@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from common.errors import BudgetError, ConfigError
 from edge_sdk import __version__
 from edge_sdk.arch import ArchSpec, ChainSpec, Conv, Dense, Pool, build_model, parse_arch
 from edge_sdk.cvae import CVAE, CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
@@ -44,7 +45,6 @@ from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_decoder_onnx, export_onnx, read_metadata
 from export.weights import initializer_state_dict
 from profiles import DeviceProfile
-from profiles.errors import BudgetError, ConfigError
 
 __all__ = [
     "CLIENT_ROLES",

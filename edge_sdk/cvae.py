@@ -46,12 +46,12 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
 
+from common.checks import check_int, from_preset
+from common.errors import ConfigError, DataError, SpecError
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import ModelProfile, profile_model
 from edge_sdk.train import seeded, to_float
 from export.wire import MAX_LATENT_DIM  # the bundle's bound: a decoder trained here is always shippable
-from profiles.checks import check_int, from_preset
-from profiles.errors import ConfigError, DataError, SpecError
 
 __all__ = [
     "CVAE",

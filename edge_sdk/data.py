@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.checks import check_int
+from common.errors import ConfigError, DataError
 from export.atomic import atomic_write_bytes, atomic_write_json
-from profiles.checks import check_int
-from profiles.errors import ConfigError, DataError
 
 __all__ = [
     "DATASETS",

@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.checks import check_input_shape, check_int
+from common.errors import BundleError, SpecError
 from export.weights_file import read_weights_file, write_weights_file
 from export.wire import MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_INPUT_ELEMENTS
-from profiles.checks import check_input_shape, check_int
-from profiles.errors import BundleError, SpecError
 
 __all__ = [
     "EXPANDS",

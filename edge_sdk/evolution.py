@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.errors import BudgetError
 from edge_sdk import elastic
 from edge_sdk.arch import MAX_DEPTH, ArchSpec, ChainSpec, Conv, Dense, Layer, Pool
 from edge_sdk.data import ArrayDataset
 from edge_sdk.train import evaluate, to_float
-from profiles.errors import BudgetError
 
 __all__ = [
     "CHAIN_SPACE",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from profiles.errors import ConfigError
+from common.errors import ConfigError
 
 __all__ = ["GRID", "make_outliers"]
 

@@ -45,6 +45,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from common.checks import check_int, check_number
+from common.errors import BundleError, ConfigError, DataError
 from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
@@ -56,8 +58,6 @@ from export.onnx_export import INPUT_NAME, export_onnx, onnx_session
 from export.package import Package
 from export.quantize import latency_ms, quantize_int8
 from export.weights import initializer_state_dict
-from profiles.checks import check_int, check_number
-from profiles.errors import BundleError, ConfigError, DataError
 
 __all__ = [
     "KDG_TERMS",

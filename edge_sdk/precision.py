@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from profiles.errors import ConfigError
+from common.errors import ConfigError
 
 __all__ = ["PRECISIONS", "autocast", "check_precision", "native_bf16", "resolve_precision"]
 

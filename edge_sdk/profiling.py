@@ -29,9 +29,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from common.errors import ConfigError, ProfileError, SpecError
 from edge_sdk.precision import autocast
 from profiles import ROLES, DeviceProfile
-from profiles.errors import ConfigError, ProfileError, SpecError
 
 __all__ = [
     "FINAL_TRAINING_SHARE",

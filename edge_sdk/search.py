@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from common.checks import check_int, from_preset
+from common.errors import BudgetError, ConfigError, DataError, SpecError
 from edge_sdk.arch import (
     MAX_CHANNELS,
     MAX_DEPTH,
@@ -63,8 +65,6 @@ from edge_sdk.profiling import (
 from edge_sdk.train import TrainConfig, evaluate, seeded, train
 from edge_sdk.zoo import RANDOM_POOL
 from profiles import DeviceProfile
-from profiles.checks import check_int, from_preset
-from profiles.errors import BudgetError, ConfigError, DataError, SpecError
 
 __all__ = [
     "STRATEGIES",

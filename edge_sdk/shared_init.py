@@ -26,6 +26,8 @@ from pathlib import Path
 
 from torch import nn
 
+from common.checks import check_input_shape, check_int
+from common.errors import BundleError, ConfigError, ExportError, SpecError
 from edge_sdk import __version__
 from edge_sdk.arch import ChainSpec, build_model, parse_arch
 from edge_sdk.train import seeded
@@ -34,8 +36,6 @@ from export.onnx_check import check_classifier_onnx
 from export.onnx_export import export_onnx, read_metadata
 from export.weights import initializer_state_dict
 from export.wire import MAX_INPUT_CHANNELS, MAX_INPUT_ELEMENTS
-from profiles.checks import check_input_shape, check_int
-from profiles.errors import BundleError, ConfigError, ExportError, SpecError
 
 __all__ = ["INIT_ROLE", "MAX_INIT_BYTES", "InitialWeights", "initial_weights", "read_initial_weights"]
 

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from common.errors import ConfigError, DataError
 from edge_sdk.outliers import make_outliers
 from edge_sdk.precision import autocast, check_precision, resolve_precision
-from profiles.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from edge_sdk.data import ArrayDataset

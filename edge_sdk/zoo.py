@@ -19,8 +19,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from common.errors import SpecError
 from edge_sdk.arch import PIXEL_MEAN, PIXEL_STD, ChainSpec
-from profiles.errors import SpecError
 
 __all__ = ["CNN1", "CNN2", "RANDOM_POOL", "ZOO", "build_zoo_model"]
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from profiles.errors import ConfigError
+from common.errors import ConfigError
 
 __all__ = [
     "atomic_write_bytes",

@@ -30,6 +30,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from common.checks import check_input_shape, check_int, check_ints, check_str, is_int
+from common.errors import BundleError, ConfigError
 from export.atomic import atomic_write_bytes
 from export.wire import (
     MAX_CLASSES,
@@ -42,8 +44,6 @@ from export.wire import (
     canonical_sha256,
     unpack_map,
 )
-from profiles.checks import check_input_shape, check_int, check_ints, check_str, is_int
-from profiles.errors import BundleError, ConfigError
 
 __all__ = [
     "KINDS",

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import onnx
 from onnx import TensorProto
 
+from common.errors import BundleError, ToolkitError
 from export.onnx_export import DECODER_INPUT_NAMES, DECODER_OUTPUT_NAME
 from export.onnx_parse import (
     DEFAULT_LIMITS,
@@ -41,7 +42,6 @@ from export.onnx_parse import (
     refuse,
 )
 from export.onnx_shapes import INTEGER_OPS, Values, operations, static_values
-from profiles.errors import BundleError, ToolkitError
 
 __all__ = [
     "ALLOWED_OPS",

@@ -31,7 +31,7 @@ import torch
 from google.protobuf.message import DecodeError
 from torch import nn
 
-from profiles.errors import ExportError
+from common.errors import ExportError
 
 if TYPE_CHECKING:
     import onnxruntime

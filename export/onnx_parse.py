@@ -31,8 +31,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 from onnx import AttributeProto, TensorProto
 
-from profiles.checks import check_int
-from profiles.errors import BundleError, ToolkitError
+from common.checks import check_int
+from common.errors import BundleError, ToolkitError
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -29,11 +29,11 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from common.checks import check_input_shape, check_int, check_ints, check_str, is_int
+from common.errors import BundleError
 from export.atomic import atomic_write_bytes
 from export.onnx_check import check_classifier_onnx, check_decoder_onnx
 from export.wire import MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_INPUT_ELEMENTS, unpack_map
-from profiles.checks import check_input_shape, check_int, check_ints, check_str, is_int
-from profiles.errors import BundleError
 
 __all__ = [
     "PACKAGE_KIND",

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import ExportError
 from export.onnx_export import INPUT_NAME, onnx_session, validate_onnx
-from profiles.errors import ExportError
 
 __all__ = ["latency_ms", "quantize_int8"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from onnx import numpy_helper
 
+from common.errors import BundleError
 from export.onnx_check import parse_onnx
-from profiles.errors import BundleError
 
 __all__ = ["initializer_state_dict"]
 

@@ -20,10 +20,10 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from common.checks import is_int
+from common.errors import BundleError
 from export.atomic import atomic_write_bytes
 from export.wire import canonical_bytes, canonical_sha256, unpack_map
-from profiles.checks import is_int
-from profiles.errors import BundleError
 
 __all__ = ["WEIGHTS_SCHEMA_VERSION", "read_weights_file", "write_weights_file"]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgpack
 
-from profiles.errors import BundleError
+from common.errors import BundleError
 
 __all__ = [
     "MAX_CLASSES",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from profiles.errors import ProfileError
+from common.errors import ProfileError
 
 __all__ = ["ROLES", "DeviceProfile", "list_profiles", "load_profile", "profile_to_toml"]
 

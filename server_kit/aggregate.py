@@ -28,6 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from common.checks import from_preset, is_number
+from common.errors import (
+    BundleError,
+    ConfigError,
+    DataError,
+    SpecError,
+    TeacherError,
+    ToolkitError,
+)
 from edge_sdk.arch import ChainSpec, build_model, parse_arch
 from edge_sdk.data import ArrayDataset
 from edge_sdk.precision import autocast, check_precision, resolve_precision
@@ -36,15 +45,6 @@ from edge_sdk.train import derive_seed, release_memory, seeded
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import read_bundle
 from export.onnx_export import export_onnx
-from profiles.checks import from_preset, is_number
-from profiles.errors import (
-    BundleError,
-    ConfigError,
-    DataError,
-    SpecError,
-    TeacherError,
-    ToolkitError,
-)
 from server_kit.adversarial import AdversarialConfig, adversarial_distill
 from server_kit.decoders import check_temperature, filter_by_centroid, load_decoder, sample_decoders
 from server_kit.distill import DistillConfig, distill
@@ -961,7 +961,7 @@ def split_kinds(paths: Sequence[str | Path]) -> tuple[list[str | Path], list[tup
 
     Unreadable files go with the classifiers, so the teacher loader reports them by its on_error rule.
     """
-    from profiles.errors import BundleError
+    from common.errors import BundleError
 
     classifiers: list[str | Path] = []
     decoders: list[tuple[Path, Any]] = []

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from common.errors import ConfigError
 from edge_sdk.cli import (
     add_cvae_knobs,
     add_search_args,
@@ -22,7 +23,6 @@ from edge_sdk.cli import (
     root_parser,
     search_config,
 )
-from profiles.errors import ConfigError
 
 __all__ = ["main"]
 

@@ -40,12 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
 from edge_sdk.cvae import build_cvae
 from export.bundle import Bundle, read_bundle
 from export.onnx_check import check_decoder_onnx
 from export.onnx_export import DECODER_INPUT_NAMES, onnx_session
 from export.weights import initializer_state_dict
-from profiles.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
 
 __all__ = [
     "WEIGHTINGS",

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.checks import is_number
+from common.errors import ConfigError
 from edge_sdk.precision import autocast, resolve_precision
 from edge_sdk.train import kd_loss
-from profiles.checks import is_number
-from profiles.errors import ConfigError
 
 __all__ = ["DistillConfig", "distill", "random_shift"]
 

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.errors import BundleError, ConfigError, DataError, ExportError
 from edge_sdk.data import ArrayDataset
 from export.onnx_export import onnx_session
-from profiles.errors import BundleError, ConfigError, DataError, ExportError
 
 __all__ = ["evaluate_module", "evaluate_onnx"]
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from profiles.errors import ConfigError
+from common.errors import ConfigError
 
 if TYPE_CHECKING:
     from server_kit.teachers import Teacher

@@ -45,9 +45,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from common.checks import from_preset
+from common.errors import ConfigError, DataError
 from edge_sdk.train import seeded
-from profiles.checks import from_preset
-from profiles.errors import ConfigError, DataError
 
 __all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
 

@@ -36,13 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.checks import check_int, from_preset, is_number
+from common.errors import BundleError, ConfigError
 from edge_sdk.precision import autocast, resolve_precision
 from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.onnx_export import export_decoder_onnx, read_metadata
 from export.weights import initializer_state_dict
-from profiles.checks import check_int, from_preset, is_number
-from profiles.errors import BundleError, ConfigError
 from server_kit.inversion import SyntheticSet
 from server_kit.labels import class_shares, held_classes
 from server_kit.teachers import batch_statistics_gap, batchnorm_layers

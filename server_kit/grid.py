@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from common.errors import ConfigError
 from export.atomic import atomic_write_bytes
-from profiles.errors import ConfigError
 
 __all__ = ["grid_png", "write_grid"]
 

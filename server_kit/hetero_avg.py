@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
+from common.errors import BundleError, ConfigError
 from edge_sdk.elastic import ElasticSpec, SuperNet, extract, load_supernet, save_supernet, subnet_slices
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle, client_names, read_bundle
 from export.onnx_export import export_onnx
 from export.weights import initializer_state_dict
-from profiles.errors import BundleError, ConfigError
 
 __all__ = ["hetero_avg", "hetero_fedavg"]
 

@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.checks import from_preset
+from common.errors import ConfigError, DataError
 from edge_sdk.precision import autocast, resolve_precision
 from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
-from profiles.checks import from_preset
-from profiles.errors import ConfigError, DataError
 from server_kit.parallel import map_teachers
 from server_kit.teachers import batch_statistics_gap, classifier_weight
 

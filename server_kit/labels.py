@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.errors import ConfigError
 from edge_sdk.precision import autocast, resolve_precision
-from profiles.errors import ConfigError
 from server_kit.abstain import own_probability
 from server_kit.parallel import map_teachers
 

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 from torch import nn
 
+from common.errors import TeacherError
 from export.onnx_check import check_onnx, parse_onnx
-from profiles.errors import TeacherError
 
 __all__ = ["SUPPORTED_OPS", "OnnxModule", "convert_onnx"]
 

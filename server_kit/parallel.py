@@ -27,7 +27,7 @@ from typing import TypeVar
 
 import torch
 
-from profiles.checks import check_int
+from common.checks import check_int
 
 __all__ = ["map_teachers", "teacher_workers"]
 

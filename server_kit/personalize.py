@@ -28,13 +28,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from common.errors import ConfigError, DataError
 from edge_sdk.arch import build_model
 from export.atomic import atomic_write_json
 from export.bundle import client_names
 from export.onnx_export import read_metadata
 from export.package import Package, write_package
 from export.weights import initializer_state_dict
-from profiles.errors import ConfigError, DataError
 from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
 from server_kit.teachers import load_teachers
 

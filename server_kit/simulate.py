@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.checks import from_preset
+from common.errors import BundleError, ConfigError
 from edge_sdk.client import ClientConfig, decoder_bundle_path, resolve_role, run_client
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.precision import check_precision
@@ -34,8 +36,6 @@ from edge_sdk.search import SearchConfig
 from edge_sdk.train import release_memory
 from export.atomic import atomic_write_json
 from profiles import load_profile
-from profiles.checks import from_preset
-from profiles.errors import BundleError, ConfigError
 from server_kit.aggregate import AggregateConfig
 
 __all__ = ["SimulateConfig", "assign_profiles", "simulate"]

@@ -22,10 +22,10 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from common.errors import ConfigError, DataError
 from edge_sdk.elastic import SuperNet, largest, sample_elastic, save_supernet, smallest
 from edge_sdk.train import kd_loss_logits, seeded
 from export.atomic import atomic_write_json
-from profiles.errors import ConfigError, DataError
 from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
 from server_kit.teachers import load_teachers
 

@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from common.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
 from edge_sdk.arch import build_model
 from export.bundle import KINDS, Bundle, read_bundle
 from export.onnx_check import check_classifier_onnx
 from export.onnx_export import onnx_session
 from export.weights import initializer_state_dict
-from profiles.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
 from server_kit.abstain import Abstaining
 from server_kit.onnx_convert import convert_onnx
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from profiles.errors import ConfigError
+from common.errors import ConfigError
 from server_kit.inversion import SyntheticSet
 from server_kit.labels import class_shares, consensus, teacher_probs
 from server_kit.parallel import map_teachers

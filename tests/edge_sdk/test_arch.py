@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from common.errors import SpecError
 from edge_sdk.arch import (
     MAX_CHANNELS,
     MAX_DEPTH,
@@ -16,7 +17,6 @@ from edge_sdk.arch import (
     build_model,
     parse_arch,
 )
-from profiles.errors import SpecError
 
 MIN_SPEC = "C1k1-F4-F10"
 MAX_SPEC = "-".join(

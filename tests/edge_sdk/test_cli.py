@@ -88,7 +88,7 @@ def test_malformed_profile_is_refused(capsys, tmp_path):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    from profiles.errors import ToolkitError
+    from common.errors import ToolkitError
 
     with pytest.raises(ToolkitError):
         main(

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.errors import ConfigError
 from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.data import load_dataset
 from edge_sdk.search import SearchConfig
 from export.bundle import read_bundle
 from profiles import load_profile
-from profiles.errors import ConfigError
 
 
 def test_run_client_keeps_the_most_accurate_finalist(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import onnx
 import pytest
 import torch
 
+from common.errors import BudgetError, ConfigError, ExportError, SpecError
 from edge_sdk.client import (
     ClientConfig,
     decoder_bundle_path,
@@ -39,7 +40,6 @@ from export.onnx_export import (
 )
 from export.weights import initializer_state_dict
 from profiles import DeviceProfile, load_profile
-from profiles.errors import BudgetError, ConfigError, ExportError, SpecError
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from common.errors import ConfigError, DataError
 from edge_sdk.data import (
     DATASETS,
     ArrayDataset,
@@ -21,7 +22,6 @@ from edge_sdk.data import (
     save_client_data,
     split_train_val,
 )
-from profiles.errors import ConfigError, DataError
 
 
 def make_ds(n: int = 20, num_classes: int = 4, shape: tuple[int, int, int] = (1, 3, 3)) -> ArrayDataset:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import BundleError, SpecError
 from edge_sdk.arch import build_model, parse_arch
 from edge_sdk.elastic import (
     SPACE,
@@ -29,7 +30,6 @@ from edge_sdk.evolution import recalibrate_bn
 from edge_sdk.profiling import count_flops
 from edge_sdk.search import search
 from export.onnx_export import export_onnx
-from profiles.errors import BundleError, SpecError
 from server_kit.hetero_avg import hetero_avg
 from server_kit.supernet import SupernetConfig, train_supernet
 from tests.edge_sdk.test_search import _fast, _profile, digits  # noqa: F401

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import ConfigError
 from edge_sdk.client import ClientConfig, bundle_model, load_trained_model, save_trained_model, train_final
 from edge_sdk.data import load_dataset, split_train_val
 from edge_sdk.outliers import make_outliers
 from edge_sdk.search import SearchConfig
 from export.bundle import read_bundle
 from profiles import load_profile
-from profiles.errors import ConfigError
 
 
 def _images(n: int) -> torch.Tensor:

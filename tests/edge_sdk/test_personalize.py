@@ -12,6 +12,7 @@ import pytest
 import torch
 from onnx import helper, numpy_helper
 
+from common.errors import BundleError, ConfigError
 from edge_sdk.arch import build_model
 from edge_sdk.cli import main as edge_main
 from edge_sdk.data import ArrayDataset, save_client_data
@@ -19,7 +20,6 @@ from edge_sdk.personalize import PersonalizeConfig, personalize, pkt_loss, updat
 from export.bundle import read_bundle
 from export.onnx_export import INPUT_NAME, onnx_session
 from export.package import read_package
-from profiles.errors import BundleError, ConfigError
 from server_kit.aggregate import aggregate
 from server_kit.personalize import PKEConfig, extractor_names, personalize_server, train_server_models
 from tests.export.test_onnx_check import loop_in_front

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from common.errors import ConfigError
 from edge_sdk.precision import PRECISIONS, autocast, check_precision, native_bf16, resolve_precision
-from profiles.errors import ConfigError
 
 
 @pytest.mark.parametrize("bad", ["fp16", "BF16", None, 32])

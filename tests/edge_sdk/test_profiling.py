@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from common.errors import ConfigError, SpecError
 from edge_sdk.arch import ChainSpec, build_model
 from edge_sdk.profiling import (
     ModelProfile,
@@ -21,7 +22,6 @@ from edge_sdk.profiling import (
     usable_threads,
 )
 from profiles import DeviceProfile
-from profiles.errors import ConfigError, SpecError
 
 
 def tiny_net() -> nn.Module:

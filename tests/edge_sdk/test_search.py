@@ -12,6 +12,7 @@ import torch
 from sklearn.datasets import load_digits
 
 import edge_sdk.search as search_module
+from common.errors import BudgetError, ConfigError
 from edge_sdk.arch import MAX_DEPTH, MIN_DEPTH, ChainSpec, Conv, Dense, Pool, parse_arch
 from edge_sdk.data import ArrayDataset
 from edge_sdk.search import (
@@ -24,7 +25,6 @@ from edge_sdk.search import (
     search,
 )
 from profiles import DeviceProfile
-from profiles.errors import BudgetError, ConfigError
 
 SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32), (1, 2, 2), (1, 1, 1)]
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import BudgetError, ConfigError, ExportError
 from edge_sdk.arch import build_model
 from edge_sdk.client import ClientConfig, run_client, save_trained_model, train_final
 from edge_sdk.data import load_dataset, split_train_val
@@ -18,7 +19,6 @@ from edge_sdk.shared_init import initial_weights, read_initial_weights
 from edge_sdk.train import seeded
 from export.bundle import read_bundle
 from profiles import load_profile
-from profiles.errors import BudgetError, ConfigError, ExportError
 from server_kit.evaluate import evaluate_module
 from server_kit.fedavg import fedavg_init
 from server_kit.teachers import load_teachers

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from common.errors import ConfigError, DataError
 from edge_sdk.arch import ChainSpec, build_model
 from edge_sdk.data import ArrayDataset
 from edge_sdk.train import TrainConfig, evaluate, kd_loss, kd_loss_logits, to_float, train
-from profiles.errors import ConfigError, DataError
 
 
 def _stripes(n: int, seed: int) -> ArrayDataset:

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
+from common.errors import SpecError
 from edge_sdk.arch import ChainSpec, ZooSpec, build_model, parse_arch
 from edge_sdk.zoo import CNN1, CNN2, RANDOM_POOL, ZOO, _halvings, build_zoo_model
-from profiles.errors import SpecError
 
 SHAPES = [(1, 28, 28), (3, 32, 32), (1, 8, 8)]
 

@@ -13,6 +13,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from common.errors import BundleError, ConfigError
 from export.bundle import (
     KINDS,
     SCHEMA_VERSION,
@@ -31,7 +32,6 @@ from export.wire import (
     MAX_INPUT_ELEMENTS,
     MAX_LATENT_DIM,
 )
-from profiles.errors import BundleError, ConfigError
 
 MODEL = b"\x08\x08fake-onnx-bytes" * 64
 

@@ -8,6 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from common.errors import BundleError, ConfigError, TeacherError
 from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
 from edge_sdk.elastic import smallest
@@ -21,7 +22,6 @@ from export.onnx_check import (
 )
 from export.onnx_export import export_decoder_onnx, export_onnx
 from export.weights import initializer_state_dict
-from profiles.errors import BundleError, ConfigError, TeacherError
 
 SHAPE = (1, 4, 4)
 L = 10

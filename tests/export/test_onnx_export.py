@@ -11,6 +11,7 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
+from common.errors import ExportError
 from edge_sdk.arch import build_model
 from export.onnx_export import (
     OPSET,
@@ -20,7 +21,6 @@ from export.onnx_export import (
     read_metadata,
     validate_onnx,
 )
-from profiles.errors import ExportError
 
 ARCH = "C8k3-P-C16k3-P-F32-F10"
 SHAPE = (1, 12, 12)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import BundleError
 from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
 from export.onnx_export import export_decoder_onnx, export_onnx
 from export.package import Package, package_from_bytes, package_to_bytes, read_package, write_package
-from profiles.errors import BundleError
 
 OWN_MODEL = b"the client's onnx bytes"
 SHAPE = (1, 8, 8)

@@ -37,7 +37,7 @@ from typing import Any
 
 import onnxruntime
 
-from profiles.errors import ToolkitError
+from common.errors import ToolkitError
 from tests.fuzz import seeds as seeds_module
 from tests.fuzz.cases import Case, Result
 from tests.fuzz.consumers import CONSUMERS

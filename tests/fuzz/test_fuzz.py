@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import BundleError
 from export.bundle import bundle_from_bytes
 from export.package import package_from_bytes
-from profiles.errors import BundleError
 from tests.fuzz import consumers as consumers_module
 from tests.fuzz.cases import FAILURES, Case, Result, format_table, plan
 from tests.fuzz.mutators import MUTATORS, make_mutant, rewrite

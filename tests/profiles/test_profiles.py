@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ProfileError
 from profiles import ROLES, DeviceProfile, list_profiles, load_profile, profile_to_toml
-from profiles.errors import ProfileError
 
 VALID = """\
 name = "tiny"

@@ -9,11 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
+from common.errors import ConfigError, TeacherError
 from edge_sdk.arch import build_model
 from edge_sdk.data import ArrayDataset
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_onnx, read_metadata, validate_onnx
-from profiles.errors import ConfigError, TeacherError
 from server_kit.aggregate import SYNTHETIC_FILE, AggregateConfig, aggregate, load_synthetic
 from server_kit.distill import DistillConfig
 from server_kit.inversion import InversionConfig

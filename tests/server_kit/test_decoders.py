@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch import nn
 
+from common.errors import BundleError, ConfigError, TeacherError
 from edge_sdk.client import TrainedCVAE, bundle_cvae
 from edge_sdk.cvae import Decoder, build_cvae
 from export.bundle import Bundle, bundle_from_bytes, bundle_to_bytes, read_bundle
 from export.onnx_export import onnx_session
 from export.wire import canonical_sha256
 from profiles import load_profile
-from profiles.errors import BundleError, ConfigError, TeacherError
 from server_kit import decoders as decoders_module
 from server_kit.decoders import (
     OnnxDecoder,

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.errors import ConfigError
 from edge_sdk.arch import build_model
-from profiles.errors import ConfigError
 from server_kit.distill import DistillConfig, distill
 from server_kit.labels import consensus
 

@@ -11,10 +11,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
+from common.errors import BundleError, ConfigError, DataError
 from edge_sdk.arch import build_model
 from edge_sdk.data import ArrayDataset
 from export.onnx_export import export_onnx
-from profiles.errors import BundleError, ConfigError, DataError
 from server_kit.evaluate import evaluate_module, evaluate_onnx
 
 SHAPE = (1, 8, 8)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from common.errors import ConfigError
 from edge_sdk.arch import build_model
 from export.bundle import Bundle
-from profiles.errors import ConfigError
 from server_kit.fedavg import average_state_dicts, fedavg_init
 from server_kit.teachers import Teacher
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from profiles.errors import ConfigError
+from common.errors import ConfigError
 from server_kit.aggregate import AggregateConfig, aggregate, load_synthetic
 from server_kit.cli import main
 from server_kit.fusion import FusionConfig

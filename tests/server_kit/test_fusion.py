@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.errors import ConfigError, DataError
 from edge_sdk.arch import build_model
-from profiles.errors import ConfigError, DataError
 from server_kit.fusion import FusionConfig, conditioned_targets, fuse, fusion_loss, teacher_probs
 
 SHAPE = (1, 4, 4)

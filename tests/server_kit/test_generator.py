@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.errors import ConfigError
 from edge_sdk.arch import build_model
 from export.onnx_export import onnx_session, read_metadata
-from profiles.errors import ConfigError
 from server_kit.generator import (
     NO_TEACHER,
     ConditionalGenerator,

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.errors import ConfigError
 from edge_sdk.arch import build_model
-from profiles.errors import ConfigError
 from server_kit.inversion import (
     CONCENTRATION_EPS,
     InversionConfig,

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.errors import ConfigError
 from edge_sdk.arch import build_model
-from profiles.errors import ConfigError
 from server_kit.labels import LabelConfig, class_shares, consensus, held_classes, label_synthetic
 from tests.server_kit.test_distill import SHAPE, L, images, teachers
 

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
+from common.errors import TeacherError
 from export.onnx_check import ALLOWED_OPS
-from profiles.errors import TeacherError
 from server_kit.onnx_convert import SUPPORTED_OPS, OnnxModule, convert_onnx
 from tests.export.test_onnx_check import external_weight, loop_in_front
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from profiles.errors import ConfigError, DataError
+from common.errors import ConfigError, DataError
 from server_kit.aggregate import SOURCES, Federation, label, synthesize, train_global
 from server_kit.labels import LabelConfig
 from server_kit.teachers import load_teachers

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from common.errors import ConfigError
 from export.bundle import read_bundle
-from profiles.errors import ConfigError
 from server_kit.cli import main
 from server_kit.simulate import _finished, _uploads, assign_profiles
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from profiles.errors import ConfigError
+from common.errors import ConfigError
 from server_kit.aggregate import AggregateConfig, aggregate
 from server_kit.generator import GeneratorConfig
 from tests.server_kit.test_aggregate import bundles, tiny_config  # noqa: F401  (fixture reuse)

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
+from common.errors import BundleError, ConfigError, TeacherError
 from edge_sdk.arch import build_model
 from export.bundle import Bundle, bundle_to_bytes, write_bundle
 from export.onnx_export import export_onnx, onnx_session
-from profiles.errors import BundleError, ConfigError, TeacherError
 from server_kit import teachers as teachers_module
 from server_kit.onnx_convert import OnnxModule
 from server_kit.teachers import (

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from profiles.errors import ConfigError
+from common.errors import ConfigError
 from server_kit.inversion import SyntheticSet
 from server_kit.trust import verify_claims, verify_decoders
 

@@ -12,7 +12,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from profiles.errors import ConfigError, ToolkitError
+from common.errors import ConfigError, ToolkitError
 
 __all__ = [
     "check_input_shape",

@@ -1,6 +1,6 @@
 """The toolkit's exception hierarchy.
 
-It lives in ``profiles`` because that is the lowest layer (stdlib only): ``export``, ``edge_sdk`` and
+It lives in ``common``, the lowest layer (stdlib only): ``profiles``, ``export``, ``edge_sdk`` and
 ``server_kit`` all import from here, so one ``except ToolkitError`` catches every failure the toolkit
 raises on purpose. Each subclass also inherits the matching builtin so callers can catch ``ValueError``
 or ``RuntimeError`` as they would for any library. Messages say what was expected, what was got, and
