@@ -36,6 +36,7 @@ __all__ = [
     "analytic_cost",
     "build_model",
     "family_of",
+    "family_of_text",
     "parse_arch",
     "with_num_classes",
 ]
@@ -46,9 +47,20 @@ S = TypeVar("S")
 class ArchFamily(Protocol[S]):
     """One family of architectures: how its specs (of type ``S``) are read, built, costed and resized."""
 
-    name: str  # the registry key, and the "kind" of the JSON form
-    prefix: str | None  # what starts its string form (``zoo:``); None for the default family
-    spec_type: type[S]
+    @property
+    def name(self) -> str:
+        """The registry key, and the ``kind`` of the JSON form."""
+        ...
+
+    @property
+    def prefix(self) -> str | None:
+        """What starts the string form (``zoo:``); None for the default family."""
+        ...
+
+    @property
+    def spec_type(self) -> type[S]:
+        """The class of the family's specs (:func:`family_of` looks specs up by it)."""
+        ...
 
     def parse(self, text: str) -> S:
         """The spec of a (stripped) string form; raises SpecError."""
@@ -72,7 +84,7 @@ class ArchFamily(Protocol[S]):
         ...
 
 
-ArchSpec = ChainSpec | ZooSpec | ElasticSpec
+ArchSpec = ChainSpec | ZooSpec | ElasticSpec  # the static type of any spec: one member per family below
 
 # Order matters only for prefixes, and no prefix is another's prefix.
 FAMILIES: dict[str, ArchFamily[Any]] = {
@@ -96,6 +108,15 @@ def family_of(spec: ArchSpec) -> ArchFamily[Any]:
     return family
 
 
+def family_of_text(text: str) -> ArchFamily[Any]:
+    """The family whose string form ``text`` is written in: the one whose prefix starts it, else the default
+    family (JSON forms are :func:`parse_arch`'s business). Nothing is parsed."""
+    for family in FAMILIES.values():
+        if family.prefix is not None and text.startswith(family.prefix):
+            return family
+    return FAMILIES[DEFAULT_FAMILY]
+
+
 def parse_arch(text: str) -> ArchSpec:
     """Parse a spec string (``C32k3-P-F10``, ``zoo:resnet18`` or ``mbv3:...``) or its JSON form."""
     text = text.strip()
@@ -106,10 +127,7 @@ def parse_arch(text: str) -> ArchSpec:
             raise SpecError(f"malformed architecture JSON: {err}") from err
         family = next((f for name, f in FAMILIES.items() if name == kind), FAMILIES[DEFAULT_FAMILY])
         return family.from_json(text)
-    for family in FAMILIES.values():
-        if family.prefix is not None and text.startswith(family.prefix):
-            return family.parse(text)
-    return FAMILIES[DEFAULT_FAMILY].parse(text)
+    return family_of_text(text).parse(text)
 
 
 def build_model(spec: ArchSpec | str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:

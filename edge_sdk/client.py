@@ -30,11 +30,11 @@ import torch
 
 from common.errors import BudgetError, ConfigError
 from edge_sdk import __version__
-from edge_sdk.arch import ArchSpec, build_model, parse_arch, with_num_classes
+from edge_sdk.arch import ArchSpec, build_model, family_of_text, parse_arch, with_num_classes
 from edge_sdk.chain import ChainSpec, Conv, Dense, Pool
 from edge_sdk.cvae import CVAE, CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
-from edge_sdk.elastic import ElasticSpec, extract, load_supernet, smallest
+from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet, smallest
 from edge_sdk.precision import check_precision, resolve_precision
 from edge_sdk.profiling import fits, profile_model, trains_in_time
 from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
@@ -631,7 +631,7 @@ def _train_finalists(
     rows: list[dict[str, Any]] = []
     for arch in result.finalists:
         init = None
-        if search_config.supernet is not None and arch.startswith("mbv3:"):
+        if search_config.supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
             # HAPFNAS: the winner starts from its supernet weights and is fine-tuned locally
             init = extract(load_supernet(search_config.supernet), ElasticSpec.parse(arch))
         trained = train_final(

@@ -13,6 +13,7 @@ from edge_sdk.arch import (
     analytic_cost,
     build_model,
     family_of,
+    family_of_text,
     parse_arch,
     with_num_classes,
 )
@@ -39,6 +40,7 @@ def test_family_contract(name):
     spec = parse_arch(EXAMPLES[name])
     assert type(spec) is family.spec_type
     assert family_of(spec) is family
+    assert family_of_text(EXAMPLES[name]) is family
     # string and JSON forms round-trip through the registry; the JSON kind is the family's name
     assert parse_arch(str(spec)) == spec
     assert parse_arch(spec.to_json()) == spec
@@ -80,6 +82,7 @@ def test_prefixes_are_unambiguous():
 def test_unprefixed_strings_and_unknown_json_kinds_go_to_the_default_family():
     default = FAMILIES[DEFAULT_FAMILY]
     assert type(parse_arch("  C8k3-P-F10 ")) is default.spec_type
+    assert family_of_text("resnet18") is default  # nothing is parsed
     layers = json.loads(parse_arch("C8k3-P-F10").to_json())["layers"]
     assert type(parse_arch(json.dumps({"layers": layers}))) is default.spec_type
     with pytest.raises(SpecError, match="cannot parse module"):
