@@ -1,266 +1,120 @@
-"""Architecture specs: the chain search space of pFedZKD (section 3.2.1) as data, and its builder.
+"""The architecture registry: every family of architecture specs, and the calls that dispatch on them.
 
-A chain spec is a sequence of modules written as a readable string::
+An architecture is data: a short string that travels through search, logs, bundles and ONNX metadata, and
+a builder that turns it into a torch module. Each family owns its string form, JSON form, builder and cost
+in its own module; :data:`FAMILIES` lists them, and nothing else needs to know which family a spec is of:
 
-    C32k3-P-C64k5-Pavg-F128-F10
+* ``chain`` (:mod:`edge_sdk.chain`): ``C32k3-P-C64k5-P-F128-F10``, every string no other family claims;
+* ``zoo`` (:mod:`edge_sdk.zoo`): ``zoo:resnet18``, the named baseline models;
+* ``elastic`` (:mod:`edge_sdk.elastic`): ``mbv3:s16-24:k3e4-...``, subnets of HAPFNAS's elastic space.
 
-``C{out}k{kernel}`` is conv (stride 1, same padding, no bias) + BatchNorm + ReLU; ``P`` / ``Pavg`` is a
-2x2 max / average pooling with stride 2; ``F{units}`` is a fully connected layer. Every F but the last is
-followed by ReLU and Dropout(0.3); the last F is the classification head and has ``num_classes`` units.
-Rules: the first module is C, the chain ends with at least one F, no C or P after the first F, depth
-3..20, at most 128 channels, kernel at most 7, hidden F at most 300 units, and no pooling may shrink the
-feature map below 1x1.
+A family's name is also the ``kind`` of its specs' JSON form. Models take float32 pixels in [0, 1] shaped
+N x C x H x W and return logits; input normalization lives inside the model. Every built model exposes its
+final ``nn.Linear`` as ``model.head`` (the server reads the class-similarity matrix from it).
 
-Named models from the model zoo (``zoo:resnet18``, ...) and subnets of the elastic MobileNetV3-like space
-(``mbv3:...``, :mod:`edge_sdk.elastic`) share the same string form, so one spec type travels through
-search, logs, bundles and ONNX metadata.
-
-Models take float32 pixels in [0, 1] shaped N x C x H x W and return logits; input normalization lives
-inside the model. Every built model exposes its final ``nn.Linear`` as ``model.head`` (the server reads
-the class-similarity matrix from it).
+CVAE decoders (``cvae-small-z20``, :mod:`edge_sdk.cvae`) are not architectures of this registry: they
+travel in their own bundle kind and are rebuilt by ``build_cvae``, never by :func:`build_model`.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Protocol, TypeVar
 
-import torch
 from torch import nn
 
 from common.errors import SpecError
-from edge_sdk.elastic import ElasticNet, ElasticSpec
+from edge_sdk.chain import CHAIN_FAMILY, ChainSpec
+from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec
+from edge_sdk.zoo import ZOO_FAMILY, ZooSpec
 
 __all__ = [
-    "MAX_CHANNELS",
-    "MAX_DEPTH",
-    "MAX_KERNEL",
-    "MAX_UNITS",
-    "MIN_DEPTH",
+    "DEFAULT_FAMILY",
+    "FAMILIES",
+    "ArchFamily",
     "ArchSpec",
-    "ChainNet",
-    "ChainSpec",
-    "Conv",
-    "Dense",
-    "Pool",
-    "ZooSpec",
+    "analytic_cost",
     "build_model",
+    "family_of",
+    "family_of_text",
     "parse_arch",
+    "with_num_classes",
 ]
 
-MIN_DEPTH = 3
-MAX_DEPTH = 20
-MAX_CHANNELS = 128
-MAX_KERNEL = 7
-MAX_UNITS = 300
-DROPOUT = 0.3
-PIXEL_MEAN = 0.5
-PIXEL_STD = 0.5
+S = TypeVar("S")
 
 
-@dataclass(frozen=True)
-class Conv:
-    """Conv(k x k, same padding) + BatchNorm + ReLU."""
-
-    out_channels: int
-    kernel_size: int
-
-    def __str__(self) -> str:
-        return f"C{self.out_channels}k{self.kernel_size}"
-
-
-@dataclass(frozen=True)
-class Pool:
-    """2x2 pooling with stride 2."""
-
-    kind: Literal["max", "avg"] = "max"
-
-    def __str__(self) -> str:
-        return "P" if self.kind == "max" else "Pavg"
-
-
-@dataclass(frozen=True)
-class Dense:
-    """Fully connected layer (hidden: + ReLU + Dropout; last: the classification head)."""
-
-    units: int
-
-    def __str__(self) -> str:
-        return f"F{self.units}"
-
-
-Layer = Conv | Pool | Dense
-
-_TOKEN = re.compile(r"^(?:C(?P<c>\d+)k(?P<k>\d+)|(?P<p>P|Pmax|Pavg)|F(?P<f>\d+))$")
-
-
-def _parse_layer(token: str) -> Layer:
-    match = _TOKEN.match(token)
-    if match is None:
-        raise SpecError(
-            f"cannot parse module {token!r}; expected C<channels>k<kernel> (e.g. C32k3), P, Pavg or F<units>"
-        )
-    if match["c"] is not None:
-        return Conv(int(match["c"]), int(match["k"]))
-    if match["p"] is not None:
-        return Pool("avg" if match["p"] == "Pavg" else "max")
-    return Dense(int(match["f"]))
-
-
-@dataclass(frozen=True)
-class ChainSpec:
-    """A variable-length C/P/F chain (immutable, hashable, so it can key a fitness cache)."""
-
-    layers: tuple[Layer, ...]
-
-    @classmethod
-    def parse(cls, text: str) -> ChainSpec:
-        text = text.strip()
-        if not text:
-            raise SpecError("empty architecture string; expected e.g. 'C32k3-P-C64k5-P-F128-F10'")
-        return cls(tuple(_parse_layer(tok) for tok in text.split("-")))
-
-    def __str__(self) -> str:
-        return "-".join(str(layer) for layer in self.layers)
-
-    def to_json(self) -> str:
-        """Sorted JSON: ``{"kind": "chain", "layers": [{"type": "C", ...}, ...]}``."""
-        out = []
-        for layer in self.layers:
-            if isinstance(layer, Conv):
-                out.append(
-                    {"type": "C", "out_channels": layer.out_channels, "kernel_size": layer.kernel_size}
-                )
-            elif isinstance(layer, Pool):
-                out.append({"type": "P", "kind": layer.kind})
-            else:
-                out.append({"type": "F", "units": layer.units})
-        return json.dumps({"kind": "chain", "layers": out}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> ChainSpec:
-        try:
-            data = json.loads(text)
-            layers: list[Layer] = []
-            for item in data["layers"]:
-                if item["type"] == "C":
-                    layers.append(Conv(int(item["out_channels"]), int(item["kernel_size"])))
-                elif item["type"] == "P":
-                    layers.append(Pool(item.get("kind", "max")))
-                elif item["type"] == "F":
-                    layers.append(Dense(int(item["units"])))
-                else:
-                    raise SpecError(f"unknown layer type {item['type']!r}; expected C, P or F")
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as err:
-            if isinstance(err, SpecError):
-                raise
-            raise SpecError(f"malformed chain spec JSON: {err}") from err
-        return cls(tuple(layers))
+class ArchFamily(Protocol[S]):
+    """One family of architectures: how its specs (of type ``S``) are read, built, costed and resized."""
 
     @property
-    def num_classes(self) -> int:
-        last = self.layers[-1] if self.layers else None
-        if not isinstance(last, Dense):
-            raise SpecError(f"spec {self} does not end with an F module")
-        return last.units
+    def name(self) -> str:
+        """The registry key, and the ``kind`` of the JSON form."""
+        ...
 
-    def with_num_classes(self, num_classes: int) -> ChainSpec:
-        """The same chain with its head resized to ``num_classes``."""
-        if not self.layers or not isinstance(self.layers[-1], Dense):
-            raise SpecError(f"spec {self} does not end with an F module")
-        return ChainSpec((*self.layers[:-1], Dense(num_classes)))
+    @property
+    def prefix(self) -> str | None:
+        """What starts the string form (``zoo:``); None for the default family."""
+        ...
 
-    def problems(self, input_shape: tuple[int, int, int] | None = None) -> list[str]:
-        """Every rule this spec breaks (empty when valid). ``input_shape`` = (C, H, W) enables size checks."""
-        errs: list[str] = []
-        layers = self.layers
-        if not MIN_DEPTH <= len(layers) <= MAX_DEPTH:
-            errs.append(f"depth must be in [{MIN_DEPTH}, {MAX_DEPTH}], got {len(layers)}")
-        if not layers:
-            return errs
-        if not isinstance(layers[0], Conv):
-            errs.append(f"the first module must be C, got {layers[0]}")
-        if not isinstance(layers[-1], Dense):
-            errs.append(f"the last module must be F, got {layers[-1]}")
-        seen_dense = False
-        for i, layer in enumerate(layers):
-            if isinstance(layer, Dense):
-                seen_dense = True
-                if i < len(layers) - 1 and not 1 <= layer.units <= MAX_UNITS:
-                    errs.append(f"module {i} ({layer}): hidden units must be in [1, {MAX_UNITS}]")
-                if layer.units < 1:
-                    errs.append(f"module {i} ({layer}): units must be >= 1")
-            elif seen_dense:
-                errs.append(f"module {i} ({layer}): C and P modules must come before the first F")
-            if isinstance(layer, Conv):
-                if not 1 <= layer.out_channels <= MAX_CHANNELS:
-                    errs.append(f"module {i} ({layer}): channels must be in [1, {MAX_CHANNELS}]")
-                if not 1 <= layer.kernel_size <= MAX_KERNEL or layer.kernel_size % 2 == 0:
-                    errs.append(f"module {i} ({layer}): kernel must be odd and in [1, {MAX_KERNEL}]")
-        if input_shape is not None:
-            _, h, w = input_shape
-            for i, layer in enumerate(layers):
-                if isinstance(layer, Pool):
-                    if h < 2 or w < 2:
-                        errs.append(f"module {i} ({layer}): pooling a {h}x{w} feature map would go below 1x1")
-                        break
-                    h, w = h // 2, w // 2
-        return errs
+    @property
+    def spec_type(self) -> type[S]:
+        """The class of the family's specs (:func:`family_of` looks specs up by it)."""
+        ...
 
-    def validate(self, input_shape: tuple[int, int, int] | None = None) -> ChainSpec:
-        errs = self.problems(input_shape)
-        if errs:
-            raise SpecError(f"invalid architecture {self}: " + "; ".join(errs))
-        return self
+    def parse(self, text: str) -> S:
+        """The spec of a (stripped) string form; raises SpecError."""
+        ...
 
-    def cost(self, input_shape: tuple[int, int, int]) -> tuple[int, int]:
-        """Analytic (FLOPs per sample, parameters); FLOPs = 2 x conv/FC MACs, as FlopCounterMode counts.
+    def from_json(self, text: str) -> S:
+        """The spec of its JSON form; raises SpecError."""
+        ...
 
-        Microseconds per call, so the search can screen candidates before building anything.
-        """
-        c, h, w = input_shape
-        macs = params = 0
-        features = None
-        for layer in self.layers:
-            if isinstance(layer, Conv):
-                k = layer.kernel_size
-                macs += h * w * layer.out_channels * c * k * k
-                params += layer.out_channels * c * k * k + 2 * layer.out_channels  # no bias; BN affine
-                c = layer.out_channels
-            elif isinstance(layer, Pool):
-                h, w = h // 2, w // 2
-            else:
-                if features is None:
-                    features = c * h * w
-                macs += features * layer.units
-                params += features * layer.units + layer.units
-                features = layer.units
-        return 2 * macs, params
+    def build(self, spec: S, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+        """A freshly initialised module for a (C, H, W) input and ``num_classes`` outputs."""
+        ...
+
+    def cost(self, spec: S, input_shape: tuple[int, int, int], num_classes: int) -> tuple[int, int] | None:
+        """Analytic (FLOPs per sample, parameters) in FlopCounterMode's convention, or None when the
+        family has no formula (then count a built model)."""
+        ...
+
+    def with_num_classes(self, spec: S, num_classes: int) -> S:
+        """The spec for a task of ``num_classes`` (itself where the head is sized at build time)."""
+        ...
 
 
-@dataclass(frozen=True)
-class ZooSpec:
-    """A named architecture from :mod:`edge_sdk.zoo` (e.g. ``zoo:resnet18``)."""
+ArchSpec = ChainSpec | ZooSpec | ElasticSpec  # the static type of any spec: one member per family below
 
-    name: str
+# Order matters only for prefixes, and no prefix is another's prefix.
+FAMILIES: dict[str, ArchFamily[Any]] = {
+    CHAIN_FAMILY.name: CHAIN_FAMILY,
+    ZOO_FAMILY.name: ZOO_FAMILY,
+    ELASTIC_FAMILY.name: ELASTIC_FAMILY,
+}
+DEFAULT_FAMILY = CHAIN_FAMILY.name  # strings with no family's prefix, JSON with no family's kind
 
-    def __str__(self) -> str:
-        return f"zoo:{self.name}"
-
-    def to_json(self) -> str:
-        return json.dumps({"kind": "zoo", "name": self.name}, sort_keys=True)
-
-    def validate(self, input_shape: tuple[int, int, int] | None = None) -> ZooSpec:
-        from edge_sdk.zoo import ZOO
-
-        if self.name not in ZOO:
-            raise SpecError(f"unknown zoo model {self.name!r}; expected one of {sorted(ZOO)}")
-        return self
+_BY_SPEC_TYPE: dict[type, ArchFamily[Any]] = {family.spec_type: family for family in FAMILIES.values()}
 
 
-ArchSpec = ChainSpec | ZooSpec | ElasticSpec
+def family_of(spec: ArchSpec) -> ArchFamily[Any]:
+    """The family a spec belongs to (by its exact type)."""
+    family = _BY_SPEC_TYPE.get(type(spec))
+    if family is None:
+        raise SpecError(
+            f"{type(spec).__name__} is not an architecture spec; expected one of "
+            f"{sorted(cls.__name__ for cls in _BY_SPEC_TYPE)}"
+        )
+    return family
+
+
+def family_of_text(text: str) -> ArchFamily[Any]:
+    """The family whose string form ``text`` is written in: the one whose prefix starts it, else the default
+    family (JSON forms are :func:`parse_arch`'s business). Nothing is parsed."""
+    for family in FAMILIES.values():
+        if family.prefix is not None and text.startswith(family.prefix):
+            return family
+    return FAMILIES[DEFAULT_FAMILY]
 
 
 def parse_arch(text: str) -> ArchSpec:
@@ -271,59 +125,9 @@ def parse_arch(text: str) -> ArchSpec:
             kind = json.loads(text).get("kind")
         except (json.JSONDecodeError, AttributeError) as err:
             raise SpecError(f"malformed architecture JSON: {err}") from err
-        if kind == "zoo":
-            return ZooSpec(json.loads(text)["name"]).validate()
-        if kind == "elastic":
-            return ElasticSpec.parse(json.loads(text)["spec"])
-        return ChainSpec.from_json(text)
-    if text.startswith("zoo:"):
-        return ZooSpec(text[len("zoo:") :]).validate()
-    if text.startswith("mbv3:"):
-        return ElasticSpec.parse(text)
-    return ChainSpec.parse(text)
-
-
-class ChainNet(nn.Module):
-    """The torch module of a :class:`ChainSpec`. ``features`` (conv/pool), then ``classifier`` (FC)."""
-
-    def __init__(self, spec: ChainSpec, input_shape: tuple[int, int, int], num_classes: int) -> None:
-        super().__init__()
-        spec = spec.with_num_classes(num_classes).validate(input_shape)
-        c, h, w = input_shape
-        feats: list[nn.Module] = []
-        dense: list[Dense] = []
-        for layer in spec.layers:
-            if isinstance(layer, Conv):
-                k = layer.kernel_size
-                feats += [
-                    nn.Conv2d(c, layer.out_channels, k, padding=k // 2, bias=False),
-                    nn.BatchNorm2d(layer.out_channels),
-                    nn.ReLU(inplace=True),
-                ]
-                c = layer.out_channels
-            elif isinstance(layer, Pool):
-                feats.append(nn.MaxPool2d(2) if layer.kind == "max" else nn.AvgPool2d(2))
-                h, w = h // 2, w // 2
-            else:
-                dense.append(layer)
-        self.spec = spec
-        self.features = nn.Sequential(*feats)
-        cls: list[nn.Module] = []
-        width = c * h * w
-        for layer in dense[:-1]:
-            cls += [nn.Linear(width, layer.units), nn.ReLU(inplace=True), nn.Dropout(DROPOUT)]
-            width = layer.units
-        cls.append(nn.Linear(width, num_classes))
-        self.classifier = nn.Sequential(*cls)
-
-    @property
-    def head(self) -> nn.Linear:
-        return self.classifier[-1]  # type: ignore[return-value]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: N x C x H x W in [0, 1]
-        x = (x - PIXEL_MEAN) / PIXEL_STD
-        x = self.features(x)
-        return self.classifier(torch.flatten(x, 1))
+        family = next((f for name, f in FAMILIES.items() if name == kind), FAMILIES[DEFAULT_FAMILY])
+        return family.from_json(text)
+    return family_of_text(text).parse(text)
 
 
 def build_model(spec: ArchSpec | str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -331,10 +135,20 @@ def build_model(spec: ArchSpec | str, input_shape: tuple[int, int, int], num_cla
     if isinstance(spec, str):
         spec = parse_arch(spec)
     input_shape = tuple(int(v) for v in input_shape)  # type: ignore[assignment]
-    if isinstance(spec, ZooSpec):
-        from edge_sdk.zoo import build_zoo_model
+    return family_of(spec).build(spec, input_shape, num_classes)
 
-        return build_zoo_model(spec.validate().name, input_shape, num_classes)
-    if isinstance(spec, ElasticSpec):
-        return ElasticNet(spec, input_shape, num_classes)  # type: ignore[arg-type]
-    return ChainNet(spec, input_shape, num_classes)
+
+def with_num_classes(spec: ArchSpec, num_classes: int) -> ArchSpec:
+    """``spec`` for a task of ``num_classes``: a chain's head resized, other families' specs unchanged."""
+    return family_of(spec).with_num_classes(spec, num_classes)
+
+
+def analytic_cost(
+    spec: ArchSpec, input_shape: tuple[int, int, int], num_classes: int
+) -> tuple[int, int] | None:
+    """(FLOPs per sample, parameters) without building anything, or None where the family has no formula.
+
+    Microseconds per call, so a search can screen candidates before building them. A chain's cost is that
+    of its own head (resize it with :func:`with_num_classes` first).
+    """
+    return family_of(spec).cost(spec, input_shape, num_classes)

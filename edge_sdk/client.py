@@ -30,10 +30,11 @@ import torch
 
 from common.errors import BudgetError, ConfigError
 from edge_sdk import __version__
-from edge_sdk.arch import ArchSpec, ChainSpec, Conv, Dense, Pool, build_model, parse_arch
+from edge_sdk.arch import ArchSpec, build_model, family_of_text, parse_arch, with_num_classes
+from edge_sdk.chain import ChainSpec, Conv, Dense, Pool
 from edge_sdk.cvae import CVAE, CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
-from edge_sdk.elastic import ElasticSpec, extract, load_supernet, smallest
+from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet, smallest
 from edge_sdk.precision import check_precision, resolve_precision
 from edge_sdk.profiling import fits, profile_model, trains_in_time
 from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
@@ -224,7 +225,7 @@ def smallest_classifier(
     bound: the pool's models are larger, and the search says so when none fits."""
     if search.strategy == "fixed":
         spec = parse_arch(search.fixed_arch)
-        return spec.with_num_classes(num_classes) if isinstance(spec, ChainSpec) else spec
+        return with_num_classes(spec, num_classes)
     if search.strategy == "evolution" and search.supernet is not None:
         return smallest()  # the elastic space's cheapest subnet
     size, pools = min(input_shape[1], input_shape[2]), 0
@@ -246,8 +247,7 @@ def _classifier_fits(
         specs = [parse_arch(text) for text in RANDOM_POOL]
     problems = []
     for spec in specs:
-        if isinstance(spec, ChainSpec):
-            spec = spec.with_num_classes(num_classes)
+        spec = with_num_classes(spec, num_classes)
         with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
             model = build_model(spec, input_shape, num_classes)
         problem = fits(profile_model(model, input_shape, batch_size=search.batch_size), profile)
@@ -631,7 +631,7 @@ def _train_finalists(
     rows: list[dict[str, Any]] = []
     for arch in result.finalists:
         init = None
-        if search_config.supernet is not None and arch.startswith("mbv3:"):
+        if search_config.supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
             # HAPFNAS: the winner starts from its supernet weights and is fine-tuned locally
             init = extract(load_supernet(search_config.supernet), ElasticSpec.parse(arch))
         trained = train_final(
@@ -694,9 +694,7 @@ def _train_from_init(
     weights = read_initial_weights(
         config.init, input_shape=train_split.input_shape, num_classes=train_split.num_classes
     )
-    wanted = parse_arch(search_config.fixed_arch)
-    if isinstance(wanted, ChainSpec):
-        wanted = wanted.with_num_classes(train_split.num_classes)
+    wanted = with_num_classes(parse_arch(search_config.fixed_arch), train_split.num_classes)
     if weights.arch != str(wanted):
         raise ConfigError(
             f"initial weights {config.init} are for {weights.arch}, the configured architecture is {wanted}; "

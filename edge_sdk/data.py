@@ -29,6 +29,8 @@ __all__ = [
     "DATASETS",
     "DIGITS_SPLIT_SEED",
     "DIGITS_TEST_FRACTION",
+    "PIXEL_MEAN",
+    "PIXEL_STD",
     "SCHEME",
     "ArrayDataset",
     "PartitionResult",
@@ -45,6 +47,10 @@ SPLITS = ("train", "test")
 # scikit-learn's digits has no official split: a stratified 75/25 split with this fixed seed stands in.
 DIGITS_TEST_FRACTION = 0.25
 DIGITS_SPLIT_SEED = 0
+# Models take float32 pixels in [0, 1] (``x.float() / 255``) and normalise inside, as (x - mean) / std, so
+# an exported ONNX model needs no preprocessing beyond that division. Every architecture family uses these.
+PIXEL_MEAN = 0.5
+PIXEL_STD = 0.5
 SCHEME = (
     "dirichlet-label-skew (FedDF / NIID-bench: per-class Dir(alpha) over clients, cap N/K, min-size retry)"
 )

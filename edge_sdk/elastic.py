@@ -14,7 +14,7 @@ blocks. :data:`SPACE` fixes the choices: stem width, per-stage widths, depths an
 channels, centre-cropped depthwise kernels, BatchNorm statistics of the leading channels), and
 :func:`extract` copies those slices into a static :class:`ElasticNet` that computes the same function and
 exports to ONNX like every other model. ``build_model("mbv3:...")`` builds the same static network,
-freshly initialised.
+freshly initialised (:data:`ELASTIC_FAMILY`, the ``elastic`` family of :mod:`edge_sdk.arch`'s registry).
 """
 
 from __future__ import annotations
@@ -32,13 +32,16 @@ from torch import Tensor, nn
 
 from common.checks import check_input_shape, check_int
 from common.errors import BundleError, SpecError
+from edge_sdk.data import PIXEL_MEAN, PIXEL_STD
 from export.weights_file import read_weights_file, write_weights_file
 from export.wire import MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_INPUT_ELEMENTS
 
 __all__ = [
+    "ELASTIC_FAMILY",
     "EXPANDS",
     "KERNELS",
     "SPACE",
+    "ElasticFamily",
     "ElasticNet",
     "ElasticSpec",
     "StageSpace",
@@ -59,8 +62,6 @@ __all__ = [
 PREFIX = "mbv3:"
 KERNELS = (3, 5, 7)
 EXPANDS = (3, 4, 6)
-PIXEL_MEAN = 0.5
-PIXEL_STD = 0.5
 BN_EPS = 1e-5
 
 
@@ -404,6 +405,35 @@ def cost_of(spec: ElasticSpec, input_shape: tuple[int, int, int], num_classes: i
     flops += 2 * cin * num_classes
     params += cin * num_classes + num_classes
     return int(flops), int(params)
+
+
+class ElasticFamily:
+    """The elastic family for :mod:`edge_sdk.arch`'s registry: ``mbv3:...``, JSON kind ``elastic``."""
+
+    name = "elastic"
+    prefix = PREFIX
+    spec_type = ElasticSpec
+
+    def parse(self, text: str) -> ElasticSpec:
+        return ElasticSpec.parse(text)
+
+    def from_json(self, text: str) -> ElasticSpec:
+        return ElasticSpec.parse(json.loads(text)["spec"])
+
+    def build(self, spec: ElasticSpec, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+        return ElasticNet(spec, input_shape, num_classes)
+
+    def cost(
+        self, spec: ElasticSpec, input_shape: tuple[int, int, int], num_classes: int
+    ) -> tuple[int, int] | None:
+        return cost_of(spec, input_shape, num_classes)
+
+    def with_num_classes(self, spec: ElasticSpec, num_classes: int) -> ElasticSpec:
+        """``spec`` itself: a subnet's head is sized by :meth:`build`, not written in the spec."""
+        return spec
+
+
+ELASTIC_FAMILY = ElasticFamily()
 
 
 SUPERNET_KIND = "elastic-supernet"

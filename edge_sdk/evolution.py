@@ -29,7 +29,8 @@ from torch import nn
 
 from common.errors import BudgetError
 from edge_sdk import elastic
-from edge_sdk.arch import MAX_DEPTH, ArchSpec, ChainSpec, Conv, Dense, Layer, Pool
+from edge_sdk.arch import ArchSpec
+from edge_sdk.chain import MAX_DEPTH, ChainSpec, Conv, Dense, Layer, Pool
 from edge_sdk.data import ArrayDataset
 from edge_sdk.train import evaluate, to_float
 

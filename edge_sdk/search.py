@@ -36,20 +36,18 @@ from tqdm.auto import tqdm
 
 from common.checks import check_int, from_preset
 from common.errors import BudgetError, ConfigError, DataError, SpecError
-from edge_sdk.arch import (
+from edge_sdk.arch import ArchSpec, build_model, parse_arch
+from edge_sdk.chain import (
     MAX_CHANNELS,
     MAX_DEPTH,
     MAX_KERNEL,
     MAX_UNITS,
     MIN_DEPTH,
-    ArchSpec,
     ChainSpec,
     Conv,
     Dense,
     Layer,
     Pool,
-    build_model,
-    parse_arch,
 )
 from edge_sdk.data import ArrayDataset
 from edge_sdk.elastic import ElasticSpec, cost_of, load_supernet

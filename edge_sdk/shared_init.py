@@ -29,7 +29,7 @@ from torch import nn
 from common.checks import check_input_shape, check_int
 from common.errors import BundleError, ConfigError, ExportError, SpecError
 from edge_sdk import __version__
-from edge_sdk.arch import ChainSpec, build_model, parse_arch
+from edge_sdk.arch import build_model, parse_arch, with_num_classes
 from edge_sdk.train import seeded
 from export.atomic import atomic_write_bytes
 from export.onnx_check import check_classifier_onnx
@@ -61,8 +61,7 @@ def _shape(input_shape: object) -> tuple[int, int, int]:
 
 
 def _task_arch(arch: str, num_classes: int) -> str:
-    spec = parse_arch(arch)
-    return str(spec.with_num_classes(num_classes) if isinstance(spec, ChainSpec) else spec)
+    return str(with_num_classes(parse_arch(arch), num_classes))
 
 
 def initial_weights(arch: str, input_shape: tuple[int, int, int], num_classes: int, *, seed: int) -> bytes:

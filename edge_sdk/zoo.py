@@ -9,20 +9,26 @@ light member. All architecture decisions happen in ``__init__`` from the static 
 ``forward`` has no data-dependent control flow and exports to ONNX.
 
 Every model takes float32 pixels in [0, 1] (N x C x H x W), normalises inside and returns logits; its
-final ``nn.Linear`` is ``model.head``.
+final ``nn.Linear`` is ``model.head``. A zoo model is written ``zoo:<name>`` (:class:`ZooSpec`, the ``zoo``
+family of :mod:`edge_sdk.arch`'s registry); its head is sized at build time, so the spec has no class count.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from common.errors import SpecError
-from edge_sdk.arch import PIXEL_MEAN, PIXEL_STD, ChainSpec
+from edge_sdk.chain import ChainSpec
+from edge_sdk.data import PIXEL_MEAN, PIXEL_STD
 
-__all__ = ["CNN1", "CNN2", "RANDOM_POOL", "ZOO", "build_zoo_model"]
+__all__ = ["CNN1", "CNN2", "RANDOM_POOL", "ZOO", "ZOO_FAMILY", "ZooFamily", "ZooSpec", "build_zoo_model"]
+
+PREFIX = "zoo:"
 
 # pFedZKD section 4.3.1: CNN1 has two conv layers (32 and 64 channels) and a single FC layer.
 CNN1 = ChainSpec.parse("C32k5-P-C64k5-P-F10")
@@ -205,3 +211,54 @@ def build_zoo_model(name: str, input_shape: tuple[int, int, int], num_classes: i
     if num_classes < 1:
         raise SpecError(f"num_classes must be >= 1, got {num_classes}")
     return ZOO[name](shape, num_classes)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------- the family
+
+
+@dataclass(frozen=True)
+class ZooSpec:
+    """A named architecture from :data:`ZOO` (e.g. ``zoo:resnet18``)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"{PREFIX}{self.name}"
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "zoo", "name": self.name}, sort_keys=True)
+
+    def validate(self, input_shape: tuple[int, int, int] | None = None) -> ZooSpec:
+        if self.name not in ZOO:
+            raise SpecError(f"unknown zoo model {self.name!r}; expected one of {sorted(ZOO)}")
+        return self
+
+
+class ZooFamily:
+    """The zoo family for :mod:`edge_sdk.arch`'s registry: ``zoo:<name>``, JSON kind ``zoo``."""
+
+    name = "zoo"
+    prefix = PREFIX
+    spec_type = ZooSpec
+
+    def parse(self, text: str) -> ZooSpec:
+        return ZooSpec(text[len(self.prefix) :]).validate()
+
+    def from_json(self, text: str) -> ZooSpec:
+        return ZooSpec(json.loads(text)["name"]).validate()
+
+    def build(self, spec: ZooSpec, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+        return build_zoo_model(spec.validate().name, input_shape, num_classes)
+
+    def cost(
+        self, spec: ZooSpec, input_shape: tuple[int, int, int], num_classes: int
+    ) -> tuple[int, int] | None:
+        """None: zoo models have no analytic cost; count them on a built model (the meta device will do)."""
+        return None
+
+    def with_num_classes(self, spec: ZooSpec, num_classes: int) -> ZooSpec:
+        """``spec`` itself: a zoo model's head is sized by :meth:`build`, not written in the spec."""
+        return spec
+
+
+ZOO_FAMILY = ZooFamily()

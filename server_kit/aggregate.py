@@ -37,7 +37,7 @@ from common.errors import (
     TeacherError,
     ToolkitError,
 )
-from edge_sdk.arch import ChainSpec, build_model, parse_arch
+from edge_sdk.arch import build_model, parse_arch, with_num_classes
 from edge_sdk.data import ArrayDataset
 from edge_sdk.precision import autocast, check_precision, resolve_precision
 from edge_sdk.profiling import allowed_cores, usable_threads
@@ -325,8 +325,7 @@ def _device(name: str) -> torch.device:
 
 
 def _student_spec(text: str, num_classes: int) -> str:
-    spec = parse_arch(text)
-    return str(spec.with_num_classes(num_classes)) if isinstance(spec, ChainSpec) else str(spec)
+    return str(with_num_classes(parse_arch(text), num_classes))
 
 
 def aggregate(

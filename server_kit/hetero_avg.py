@@ -17,7 +17,16 @@ from typing import Any
 import torch
 
 from common.errors import BundleError, ConfigError
-from edge_sdk.elastic import ElasticSpec, SuperNet, extract, load_supernet, save_supernet, subnet_slices
+from edge_sdk.arch import family_of_text
+from edge_sdk.elastic import (
+    ELASTIC_FAMILY,
+    ElasticSpec,
+    SuperNet,
+    extract,
+    load_supernet,
+    save_supernet,
+    subnet_slices,
+)
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle, client_names, read_bundle
 from export.onnx_export import export_onnx
@@ -65,7 +74,7 @@ def hetero_fedavg(
     bundles: list[tuple[Path, Bundle, ElasticSpec]] = []
     for path in bundle_paths:
         bundle = read_bundle(path)
-        if not bundle.arch.startswith("mbv3:"):
+        if family_of_text(bundle.arch) is not ELASTIC_FAMILY:
             raise ConfigError(f"{path}: arch {bundle.arch!r} is not a subnet of the elastic space")
         bundles.append((Path(path), bundle, ElasticSpec.parse(bundle.arch)))
     clients = []

@@ -13,7 +13,8 @@ from sklearn.datasets import load_digits
 
 import edge_sdk.search as search_module
 from common.errors import BudgetError, ConfigError
-from edge_sdk.arch import MAX_DEPTH, MIN_DEPTH, ChainSpec, Conv, Dense, Pool, parse_arch
+from edge_sdk.arch import parse_arch
+from edge_sdk.chain import MAX_DEPTH, MIN_DEPTH, ChainSpec, Conv, Dense, Pool
 from edge_sdk.data import ArrayDataset
 from edge_sdk.search import (
     CHANNELS,

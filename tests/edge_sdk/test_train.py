@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError, DataError
-from edge_sdk.arch import ChainSpec, build_model
+from edge_sdk.arch import build_model
+from edge_sdk.chain import ChainSpec
 from edge_sdk.data import ArrayDataset
 from edge_sdk.train import TrainConfig, evaluate, kd_loss, kd_loss_logits, to_float, train
 
