@@ -1,4 +1,5 @@
-"""Validators shared by every frozen config and wire reader, and the one way to build a config from a preset.
+"""Validators shared by every frozen config and wire reader, the output-path checks (the CLIs run them at
+parse time, before any work), and the one way to build a config from a preset.
 
 Configs validate themselves at creation (``__post_init__``) so a bad value fails where it was written, not
 deep inside a training loop. These helpers keep the wording of those errors the same across the toolkit.
@@ -10,6 +11,7 @@ import dataclasses
 import math
 import operator
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from common.errors import ConfigError, ToolkitError
@@ -19,6 +21,8 @@ __all__ = [
     "check_int",
     "check_ints",
     "check_number",
+    "check_output_dir",
+    "check_output_file",
     "check_str",
     "from_preset",
     "is_int",
@@ -111,6 +115,42 @@ def check_number(
     if not is_number(value) or value < 0 or (positive and value == 0):  # type: ignore[operator]
         raise error(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+def check_output_dir(path: str | Path, *, what: str = "output directory") -> Path:
+    """``path`` as a directory to write into (it may not exist yet): ConfigError, before any work, when it
+    or one of its parents is an existing file, where ``mkdir`` would raise FileExistsError at the end."""
+    path = Path(path)
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker == path:
+        raise ConfigError(
+            f"{what} must be a directory, got {str(path)!r}, an existing file; "
+            "fix: choose another directory or remove the file"
+        )
+    if blocker is not None:
+        raise ConfigError(
+            f"{what} {str(path)!r} cannot be created: {str(blocker)!r} is an existing file, not a "
+            "directory; fix: choose another path"
+        )
+    return path
+
+
+def check_output_file(path: str | Path, *, what: str = "output file") -> Path:
+    """``path`` as a file to (over)write: ConfigError when it is an existing directory or a parent of it
+    is an existing file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            f"{what} must be a file path, got {str(path)!r}, an existing directory; "
+            "fix: name a file, e.g. one inside that directory"
+        )
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ConfigError(
+            f"{what} {str(path)!r} cannot be written: {str(blocker)!r} is an existing file, not a "
+            "directory; fix: choose another path"
+        )
+    return path
 
 
 def from_preset(

@@ -1,97 +1,21 @@
-"""`edge-sdk`: thin command-line wrappers. Each subcommand builds a config and calls one library function."""
+"""`edge-sdk`: thin command-line wrappers. Each subcommand builds a config and calls one library function.
+
+The shared plumbing (dispatch, errors as one line, output-path types) is :mod:`common.cli`. Sub-commands
+import their library inside the function on purpose: ``--help`` and a usage error do not load torch.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import Any
 
-from common.errors import ConfigError, ToolkitError
-from export.atomic import check_output_dir, check_output_file
+from common.cli import cli_main, out_dir, out_file, overrides, print_json, root_parser
+from edge_sdk import __version__
 
-__all__ = ["cli_main", "main"]
-
-
-def one_line(text: object) -> str:
-    """``text`` with every run of whitespace (newlines of onnxruntime or torch messages) as one space."""
-    return " ".join(str(text).split())
-
-
-def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
-    """Parse, dispatch to ``args.func``, and turn toolkit and file-system errors into one line + exit
-    code 2.
-
-    Shared by both CLIs. ``--debug`` re-raises so the traceback is shown.
-    """
-    args = parser.parse_args(argv)
-    if not hasattr(args, "func"):
-        parser.print_help()
-        return 2
-    try:
-        args.func(args)
-    except (ToolkitError, OSError) as err:  # OSError: a full disk, a path that is a file, a permission
-        if args.debug:
-            raise
-        print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; rerun the same command to resume where supported", file=sys.stderr)
-        return 130
-    return 0
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line that points at ``--help``: `server-kit aggregate`'s usage alone is 30+
-    lines, which buried "the following arguments are required: bundles" at the bottom."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
-
-
-def out_dir(text: str) -> str:
-    """argparse ``type`` of an output-directory option: checked at parse time, before any work."""
-    try:
-        check_output_dir(text, what="")
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err).strip()) from err
-    return text
-
-
-def out_file(text: str) -> str:
-    """argparse ``type`` of an output-file option: checked at parse time, before any work."""
-    try:
-        check_output_file(text, what="")
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err).strip()) from err
-    return text
-
-
-def print_skipped(prog: str, skipped: Iterable[Mapping[str, str]]) -> None:
-    """One stderr line per bundle a run dropped (``--on-error skip``, or a kind the command ignores)."""
-    for row in skipped:
-        reason = one_line(row["reason"])
-        named = reason if reason.startswith(row["file"]) else f"{row['file']}: {reason}"
-        print(f"{prog}: skipped {named}", file=sys.stderr)
-
-
-def add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
-    # Sub-commands use SUPPRESS so `prog --debug cmd` is not reset to False by the sub-parser's default.
-    default = False if top else argparse.SUPPRESS
-    parser.add_argument(
-        "--debug", action="store_true", default=default, help="show the full traceback on errors"
-    )
-
-
-def print_json(obj: Any) -> None:
-    print(json.dumps(obj, sort_keys=True, indent=2))
-
-
-def overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
-    """The options the user actually gave (None means 'keep the preset's value')."""
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+__all__ = ["main"]
 
 
 SEARCH_KNOBS = (
@@ -243,7 +167,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     from profiles import profile_to_toml
 
     profile = measure_device(name=args.name, seconds=args.seconds, role=args.role)
-    comments = [f"measured by `edge-sdk profile` (edge_sdk {_version()})", profile.gflops_source]
+    comments = [f"measured by `edge-sdk profile` (edge_sdk {__version__})", profile.gflops_source]
     text = profile_to_toml(profile, comments=comments)
     if args.out:
         atomic_write_text(args.out, text)
@@ -425,37 +349,11 @@ def cmd_personalize(args: argparse.Namespace) -> None:
     )
 
 
-def _version() -> str:
-    from edge_sdk import __version__
-
-    return __version__
-
-
-def root_parser(prog: str, description: str):  # -> (parser, command)
-    """The top-level parser of a CLI and a ``command(name, func, help)`` that adds one sub-command.
-
-    Shared by `edge-sdk` and `server-kit` so both get ``--version``, ``--debug`` and the same dispatch.
-    """
-    parser = _Parser(prog=prog, description=description)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    add_common(parser, top=True)
-    sub = parser.add_subparsers(title="commands")
-
-    def command(
-        name: str, func: Callable[[argparse.Namespace], None], help_text: str
-    ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        add_common(p)
-        p.set_defaults(func=func)
-        return p
-
-    return parser, command
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser, command = root_parser(
         "edge-sdk",
         "Edge SDK: profile the device, search/train a model under its budget, export ONNX, write a bundle.",
+        version=__version__,
     )
 
     p = command(

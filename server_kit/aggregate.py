@@ -107,7 +107,9 @@ class AggregateConfig:
     """Everything the server run needs besides the bundles.
 
     ``hard_labels`` is the paper's "w/o ZSKD" ablation: the student learns the generating teacher's
-    target class with cross entropy, no multi-teacher fusion (``distill.hard_labels`` does the same).
+    target class with cross entropy, no multi-teacher fusion. It is the one switch: it changes the
+    labelling, the top-up and which methods combine, not just the loss, so ``distill.hard_labels`` (the
+    loss of :func:`server_kit.distill.distill` alone) stays False here and the server sets it from this.
     ``labels`` says how the teachers' votes become a soft target (:mod:`server_kit.labels`); the hard
     labels of the ablation ignore it. ``device="auto"`` picks CUDA when present.
 
@@ -205,6 +207,11 @@ class AggregateConfig:
             raise ConfigError(f"inversion must be an InversionConfig, got {type(self.inversion).__name__}")
         if not isinstance(self.distill, DistillConfig):
             raise ConfigError(f"distill must be a DistillConfig, got {type(self.distill).__name__}")
+        if self.distill.hard_labels:
+            raise ConfigError(
+                "distill.hard_labels must be False in an AggregateConfig, got True; the server's switch "
+                "is AggregateConfig(hard_labels=True) (the CLI's --hard-labels)"
+            )
         if (
             isinstance(self.decoder_samples, bool)
             or not isinstance(self.decoder_samples, int)
@@ -218,7 +225,7 @@ class AggregateConfig:
             raise ConfigError(f"fusion must be None or a FusionConfig, got {type(self.fusion).__name__}")
         if self.fusion is not None and self.synth is not None and "decoder" not in self.synth:
             raise ConfigError("FedMHO fusion trains on decoder samples: add 'decoder' to synth")
-        if self.fusion is not None and self.use_hard_labels:
+        if self.fusion is not None and self.hard_labels:
             raise ConfigError("fusion and hard_labels are two different server methods; pick one")
         if self.verify_claims is not None and not isinstance(self.verify_claims, bool):
             raise ConfigError(f"verify_claims must be None, True or False, got {self.verify_claims!r}")
@@ -233,7 +240,7 @@ class AggregateConfig:
             raise ConfigError(
                 "adversarial distillation keeps training the generator: add 'generator' to synth"
             )
-        if self.adversarial is not None and (self.use_hard_labels or self.fusion is not None):
+        if self.adversarial is not None and (self.hard_labels or self.fusion is not None):
             raise ConfigError(
                 "adversarial distillation refines a consensus-distilled student: drop "
                 "hard_labels / fusion, or set adversarial=None"
@@ -283,10 +290,6 @@ class AggregateConfig:
             return tuple(name for name in SOURCES if name in self.synth)
         wanted = ("inversion", "generator", "decoder") if has_decoders else ("inversion", "generator")
         return tuple(name for name in SOURCES if name in wanted)
-
-    @property
-    def use_hard_labels(self) -> bool:
-        return self.hard_labels or self.distill.hard_labels
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -515,7 +518,7 @@ def label(fed: Federation, synthesis: Synthesis, config: AggregateConfig) -> Lab
     """Soft targets for the synthetic set (``config.labels``, weighing the teachers by the counts that
     synthesis trusted), or the paper's "w/o ZSKD" ablation: the target class as a hard label, all kept."""
     synthetic = synthesis.synthetic
-    if config.use_hard_labels:
+    if config.hard_labels:
         targets = F.one_hot(synthetic.target_class, fed.num_classes).float()
         n = len(synthetic)
         return Labels(targets=targets, keep=torch.ones(n, dtype=torch.bool), report={"rule": "hard"})
@@ -576,7 +579,7 @@ def top_up(
     ``top_up=False``, without decoders, with hard labels or FedMHO fusion (their own recipes).
     """
     pool = synthesis.decoders
-    if not config.top_up or pool is None or config.use_hard_labels or config.fusion is not None:
+    if not config.top_up or pool is None or config.hard_labels or config.fusion is not None:
         return synthesis, labels
     num_classes = fed.num_classes
     classes = labels.targets.argmax(1)
@@ -696,7 +699,7 @@ def train_global(
                 f"only {int(keep.sum())} of {len(keep)} synthetic samples carry their target class's label; "
                 "the teachers disagree with every source: keep them with drop_mismatch=False"
             )
-        hard = config.use_hard_labels
+        hard = config.hard_labels
         targets = synthesis.synthetic.target_class[keep] if hard else labels.targets[keep]
         with seeded(config.seed):  # weight init draws from the global RNG: scope and seed it
             student = build_model(spec, fed.input_shape, fed.num_classes)

@@ -1,4 +1,9 @@
-"""`server-kit`: thin command-line wrappers over `aggregate`, `evaluate_onnx` and `simulate`."""
+"""`server-kit`: thin command-line wrappers over `aggregate`, `evaluate_onnx` and `simulate`.
+
+The shared plumbing is :mod:`common.cli`; `simulate` reuses the edge's search and CVAE options from
+:mod:`edge_sdk.cli` (it runs the same clients). Sub-commands import their library inside the function on
+purpose: ``--help`` and a usage error do not load torch.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +11,26 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
-from common.errors import ConfigError
-from edge_sdk.cli import (
-    add_cvae_knobs,
-    add_search_args,
-    add_unknown_arg,
+from common.cli import (
     cli_main,
-    cvae_config,
     out_dir,
     out_file,
     overrides,
     print_json,
     print_skipped,
     root_parser,
-    search_config,
+    with_knobs,
 )
+from common.errors import ConfigError
+from edge_sdk import __version__
+from edge_sdk.cli import add_cvae_knobs, add_search_args, add_unknown_arg, cvae_config, search_config
+
+if TYPE_CHECKING:  # annotations only: the CLI imports the server library when a sub-command runs
+    from server_kit.aggregate import AggregateConfig
 
 __all__ = ["main"]
-
-T = TypeVar("T")
 
 INVERSION_KNOBS = {
     "samples_per_teacher": "samples_per_teacher",
@@ -217,22 +221,18 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _with_knobs(config: T, args: argparse.Namespace, knobs: dict[str, str]) -> T:
-    """``config`` with every field of ``knobs`` (flag dest -> field) that was given on the command line."""
-    given = {field: getattr(args, dest) for dest, field in knobs.items() if getattr(args, dest) is not None}
-    return dataclasses.replace(config, **given)  # type: ignore[type-var]
-
-
-def aggregate_config(args: argparse.Namespace, *, seed: int, base=None):  # -> AggregateConfig
+def aggregate_config(
+    args: argparse.Namespace, *, seed: int, base: AggregateConfig | None = None
+) -> AggregateConfig:
     """The server settings: ``--server-preset`` (or ``base``, else ``fast``) with the given knobs."""
     from server_kit.aggregate import AggregateConfig
 
     if base is None or args.server_preset is not None:
         base = AggregateConfig.preset(args.server_preset or "fast")
-    inv = _with_knobs(base.inversion, args, INVERSION_KNOBS)
-    dis = _with_knobs(base.distill, args, DISTILL_KNOBS)
-    gen = _with_knobs(base.generator, args, GENERATOR_KNOBS)
-    labels = _with_knobs(base.labels, args, LABEL_KNOBS)
+    inv = with_knobs(base.inversion, args, INVERSION_KNOBS)
+    dis = with_knobs(base.distill, args, DISTILL_KNOBS)
+    gen = with_knobs(base.generator, args, GENERATOR_KNOBS)
+    labels = with_knobs(base.labels, args, LABEL_KNOBS)
     names = ["student", "synth", "hard_labels", "on_error", "threads", "verify_claims", "top_up", "precision"]
     top = overrides(
         args,
@@ -321,16 +321,16 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         progress=not args.quiet,
         **given,
     )
-    results = simulate(config)
+    result = simulate(config)
     print(
-        f"global accuracy {results['global_accuracy']:.4f} "
-        f"(mean classifier client {results['mean_client_test_accuracy'] or float('nan'):.4f}) "
-        f"in {results['seconds']['total']:.0f} s; wrote {config.out_dir / 'results.json'}"
+        f"global accuracy {result.global_accuracy:.4f} "
+        f"(mean classifier client {result.mean_client_test_accuracy or float('nan'):.4f}) "
+        f"in {result.seconds['total']:.0f} s; wrote {config.out_dir / 'results.json'}"
     )
 
 
 def cmd_personalize(args: argparse.Namespace) -> None:
-    from server_kit.personalize import PKEConfig, personalize_server
+    from server_kit.pke import PKEConfig, personalize_server
 
     knobs = overrides(args, ["epochs", "lr", "batch_size", "mu", "max_inputs", "seed", "device"])
     result = personalize_server(
@@ -387,7 +387,9 @@ def cmd_hetero_avg(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser, command = root_parser(
-        "server-kit", "Server toolkit: turn client bundles into a global model without any real data."
+        "server-kit",
+        "Server toolkit: turn client bundles into a global model without any real data.",
+        version=__version__,  # the toolkit's one version (edge_sdk's): both CLIs ship in one distribution
     )
 
     p = command(

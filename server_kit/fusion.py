@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 from common.checks import from_preset
 from common.errors import ConfigError, DataError
 from edge_sdk.train import seeded
+from server_kit.labels import check_label_counts
 
 __all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
 
@@ -192,15 +193,6 @@ def teacher_probs(
     return F.softmax(torch.stack(logits).mean(dim=0), dim=1)
 
 
-def _counts(rows: Sequence[Sequence[int]] | Tensor, num_classes: int, what: str) -> Tensor:
-    counts = torch.as_tensor(rows, dtype=torch.float64).reshape(-1, num_classes) if len(rows) else None
-    if counts is None:
-        return torch.zeros(0, num_classes, dtype=torch.float64)
-    if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()):
-        raise DataError(f"{what} must be finite counts >= 0")
-    return counts
-
-
 def conditioned_targets(
     probs: Sequence[Tensor],
     y: Tensor,
@@ -224,8 +216,10 @@ def conditioned_targets(
     y = y.long()
     if tuple(y.shape) != (n,) or (n and (int(y.min()) < 0 or int(y.max()) >= num_classes)):
         raise ConfigError(f"y must be {n} labels in [0, {num_classes}), got shape {tuple(y.shape)}")
-    counts = _counts(label_counts, num_classes, "label_counts")
-    decoders = _counts(decoder_counts, num_classes, "decoder_counts")
+    counts = check_label_counts(label_counts, num_classes=num_classes, min_rows=0, error=DataError)
+    decoders = check_label_counts(
+        decoder_counts, num_classes=num_classes, min_rows=0, what="decoder_counts", error=DataError
+    )
     if counts.shape[0] != len(probs):
         raise ConfigError(f"label_counts has {counts.shape[0]} rows for {len(probs)} classifiers")
     total = counts.sum(dim=0) + decoders.sum(dim=0)  # L: every bundle's examples of each class

@@ -38,7 +38,7 @@ from export.atomic import atomic_write_json
 from profiles import load_profile
 from server_kit.aggregate import AggregateConfig
 
-__all__ = ["SimulateConfig", "assign_profiles", "simulate"]
+__all__ = ["SimulateConfig", "SimulateResult", "assign_profiles", "simulate"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -365,8 +365,49 @@ def _partition(config: SimulateConfig, data_dir: Path) -> list[Path]:
     return list(result.client_paths)
 
 
-def simulate(config: SimulateConfig) -> dict[str, Any]:
-    """Run the federation and write ``out_dir/results.json``; returns the same dict."""
+@dataclass(frozen=True)
+class SimulateResult:
+    """What :func:`simulate` measured, as written to ``out_dir/results.json`` (:meth:`to_dict`).
+
+    ``clients`` holds one row per client (its profile, kind, arch, sizes and seconds; a classifier's
+    val and test accuracy, a CVAE client's val loss); ``seconds`` is per phase in the order they ran.
+    """
+
+    config: SimulateConfig
+    seed: int
+    clients: tuple[dict[str, Any], ...]
+    global_accuracy: float | None
+    mean_client_test_accuracy: float | None  # over the classifier clients; None when there are none
+    synthetic_size: int
+    resumed_clients: int  # clients whose finished bundles were reused
+    seconds: dict[str, float]
+    started_at: float  # time.time() at the start (benchmarks/speed.py lines the phases up with it)
+    server_report: Path  # the aggregation's report, relative to ``config.out_dir``
+
+    @property
+    def phase_order(self) -> list[str]:
+        """The phases in the order they ran (``results.json`` writes its keys sorted)."""
+        return list(self.seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of ``results.json``."""
+        return {
+            "config": self.config.to_dict(),
+            "seed": self.seed,
+            "clients": list(self.clients),
+            "global_accuracy": self.global_accuracy,
+            "mean_client_test_accuracy": self.mean_client_test_accuracy,
+            "synthetic_size": self.synthetic_size,
+            "resumed_clients": self.resumed_clients,
+            "seconds": dict(self.seconds),
+            "started_at": self.started_at,
+            "phase_order": self.phase_order,
+            "server_report": str(self.server_report),
+        }
+
+
+def simulate(config: SimulateConfig) -> SimulateResult:
+    """Run the federation, write ``out_dir/results.json`` and return what it holds."""
     from edge_sdk.data import load_client_data
     from export.bundle import read_bundle
     from server_kit.aggregate import aggregate
@@ -466,18 +507,17 @@ def simulate(config: SimulateConfig) -> dict[str, Any]:
 
     scored = [c["test_accuracy"] for c in clients if "test_accuracy" in c]
     mean_client = sum(scored) / len(scored) if scored else None
-    results = {
-        "config": config.to_dict(),
-        "seed": config.seed,
-        "clients": clients,
-        "global_accuracy": agg.accuracy,
-        "mean_client_test_accuracy": mean_client,
-        "synthetic_size": agg.synthetic_size,
-        "resumed_clients": config.num_clients - len(todo),
-        "seconds": {k: round(v, 3) for k, v in seconds.items()},
-        "started_at": started_at,
-        "phase_order": list(seconds),  # the file's keys are written sorted
-        "server_report": str(agg.report_path.relative_to(out)),
-    }
-    atomic_write_json(out / "results.json", results)
-    return results
+    result = SimulateResult(
+        config=config,
+        seed=config.seed,
+        clients=tuple(clients),
+        global_accuracy=agg.accuracy,
+        mean_client_test_accuracy=mean_client,
+        synthetic_size=agg.synthetic_size,
+        resumed_clients=config.num_clients - len(todo),
+        seconds={k: round(v, 3) for k, v in seconds.items()},
+        started_at=started_at,
+        server_report=agg.report_path.relative_to(out),
+    )
+    atomic_write_json(out / "results.json", result.to_dict())
+    return result

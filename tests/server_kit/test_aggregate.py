@@ -191,7 +191,10 @@ def test_presets():
     assert default.sources(True) == ("inversion", "decoder", "generator")  # SOURCES order
     assert default.construction_labels == ("decoder",)
     assert paper.sources(True) == ("inversion",)
-    assert dataclasses.replace(default, hard_labels=True).use_hard_labels
+    assert dataclasses.replace(default, hard_labels=True).hard_labels
+    # one switch: the distillation loss inside an aggregation follows AggregateConfig.hard_labels
+    with pytest.raises(ConfigError, match=r"distill\.hard_labels must be False"):
+        dataclasses.replace(default, distill=dataclasses.replace(default.distill, hard_labels=True))
     with pytest.raises(ConfigError, match="unknown aggregate preset"):
         AggregateConfig.preset("slow")
     with pytest.raises(ConfigError, match="unknown aggregate options"):

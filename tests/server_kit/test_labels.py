@@ -7,9 +7,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.errors import ConfigError
+from common.errors import ConfigError, DataError
 from edge_sdk.arch import build_model
-from server_kit.labels import LabelConfig, class_shares, consensus, held_classes, label_synthetic
+from server_kit.labels import (
+    LabelConfig,
+    check_label_counts,
+    class_shares,
+    consensus,
+    held_classes,
+    label_synthetic,
+)
 from tests.server_kit.test_distill import SHAPE, L, images, teachers
 
 
@@ -59,6 +66,20 @@ def test_class_shares_and_held_classes():
     assert held.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
     with pytest.raises(ConfigError, match=">= 0"):
         class_shares([[1, -1, 0]])
+
+
+def test_check_label_counts_is_the_one_validator_of_claimed_counts():
+    counts = check_label_counts(((3, 0, 1), (0, 2, 2)), num_classes=3)
+    assert counts.dtype == torch.float64 and counts.tolist() == [[3, 0, 1], [0, 2, 2]]
+    assert check_label_counts((), num_classes=3, min_rows=0).shape == (0, 3)  # no decoders
+    with pytest.raises(ConfigError, match="K >= 1"):
+        check_label_counts(())
+    with pytest.raises(DataError, match=r"decoder_counts must be K x L with K >= 1, L == 3"):
+        check_label_counts([[1, 1]], num_classes=3, what="decoder_counts", error=DataError)
+    with pytest.raises(ConfigError, match="K x L numbers"):
+        check_label_counts([[1, 1], [1]])
+    with pytest.raises(ConfigError, match="finite"):
+        check_label_counts([[1, float("nan")]])
 
 
 def test_label_weighted_consensus_ignores_a_teacher_for_classes_it_never_saw():

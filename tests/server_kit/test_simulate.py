@@ -1,5 +1,6 @@
 """A whole simulated federation on scikit-learn digits through `server-kit simulate` (about half a minute)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from common.errors import ConfigError
 from export.bundle import read_bundle
 from server_kit.cli import main
-from server_kit.simulate import _finished, _uploads, assign_profiles
+from server_kit.simulate import SimulateResult, _finished, _uploads, assign_profiles
 
 TINY = [
     "simulate", "--dataset", "digits", "--num-clients", "3", "--alpha", "1.0", "--seed", "0", "--quiet",
@@ -63,6 +64,13 @@ def test_results_have_every_field(federation):
     assert {"partition", "clients", "server_inversion", "server_distill", "total"} <= set(results["seconds"])
     assert results["synthetic_size"] == 3 * 200
     assert (out / "server" / "global.onnx").is_file() and (out / "server" / "pseudo_images.png").is_file()
+
+
+def test_results_json_holds_every_field_of_the_simulate_result(federation):
+    _, results = federation
+    assert set(results) == {f.name for f in dataclasses.fields(SimulateResult)} | {"phase_order"}
+    assert sorted(results["phase_order"]) == sorted(results["seconds"])
+    assert results["server_report"] == "server/report.json"
 
 
 def test_global_accuracy_is_well_above_chance(federation):
