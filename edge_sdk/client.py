@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from common.device import resolve_device
 from common.errors import BudgetError, ConfigError
 from edge_sdk import __version__
 from edge_sdk.arch import ArchSpec, ChainSpec, Conv, Dense, Pool, build_model, parse_arch
@@ -207,12 +208,6 @@ class ClientResult:
     seconds: dict[str, float]
     role: str = "classifier"
     extra_bundles: tuple[Path, ...] = ()
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def smallest_classifier(

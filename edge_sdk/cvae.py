@@ -47,6 +47,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
 
 from common.checks import check_int, from_preset
+from common.device import resolve_device
 from common.errors import ConfigError, DataError, SpecError
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import ModelProfile, profile_model
@@ -419,12 +420,6 @@ def cvae_loss(model: CVAE, x: Tensor, y_onehot: Tensor, eps: Tensor) -> tuple[Te
     return recon + kl, recon, kl
 
 
-def _resolve(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def _noise_generator(seed: int, stream: int, device: torch.device) -> torch.Generator:
     """A generator on ``device`` for the reparameterisation noise, independent of the batch-order stream."""
     entropy = np.random.SeedSequence([seed, stream]).generate_state(2, dtype=np.uint32)
@@ -456,7 +451,7 @@ def train_cvae(
     _check_data(data, "training")
     if not isinstance(config, CVAEConfig):
         raise ConfigError(f"config must be a CVAEConfig, got {type(config).__name__}")
-    dev = _resolve(device)
+    dev = resolve_device(device)
     with seeded(seed):
         model = build_cvae(config.model, data.input_shape, data.num_classes, config.latent_dim)
     model.to(dev).train()
@@ -498,7 +493,7 @@ def evaluate_cvae(
     _check_data(data, "evaluation")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    dev = _resolve(device)
+    dev = resolve_device(device)
     was_training = model.training
     model.to(dev).eval()
     noise = _noise_generator(seed, 2, dev)

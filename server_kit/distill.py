@@ -14,17 +14,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.checks import is_number
+from common.device import resolve_device
 from common.errors import ConfigError
 from edge_sdk.precision import autocast, resolve_precision
 from edge_sdk.train import kd_loss
 
 __all__ = ["DistillConfig", "distill", "random_shift"]
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +104,7 @@ def distill(
         raise ConfigError(
             "soft distillation needs float N x L targets (use hard_labels=True for class indices)"
         )
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     student.to(dev, memory_format=torch.channels_last).train()
     optimizer = torch.optim.Adam(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)

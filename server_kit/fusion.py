@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from common.checks import from_preset
+from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from edge_sdk.train import seeded
 
@@ -287,11 +288,7 @@ def fuse(
         raise DataError("the synthetic set is empty; nothing to train on")
     if x.dtype == torch.uint8:
         x = x.float() / 255.0
-    dev = (
-        torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if str(device) == "auto"
-        else torch.device(device)
-    )
+    dev = resolve_device(device)
     probs: Tensor | None = None
     if config.mode != "ce":
         if config.mode == "md" and not teachers:
