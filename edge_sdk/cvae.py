@@ -44,11 +44,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
-from tqdm.auto import tqdm
 
 from common.checks import check_int, from_preset
 from common.device import resolve_device
 from common.errors import ConfigError, DataError, SpecError
+from common.loop import fit
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import ModelProfile, profile_model
 from edge_sdk.train import seeded, to_float
@@ -457,26 +457,25 @@ def train_cvae(
     model.to(dev).train()
     x = data.x.to(dev)  # N x C x H x W uint8, converted per batch
     y = F.one_hot(data.y.to(dev), data.num_classes).float()  # N x K
-    n = len(data)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    order = torch.Generator().manual_seed(seed)
     noise = _noise_generator(seed, 1, dev)
-    losses: list[float] = []
-    bar = tqdm(range(config.epochs), desc="cvae", unit="epoch", disable=not progress, leave=False)
-    for _ in bar:
-        perm = torch.randperm(n, generator=order).to(dev)
-        total = torch.zeros((), device=dev)
-        for start in range(0, n, config.batch_size):
-            idx = perm[start : start + config.batch_size]
-            eps = torch.randn((len(idx), config.latent_dim), generator=noise, device=dev)
-            _, recon, kl = cvae_loss(model, to_float(x[idx]), y[idx], eps)
-            loss = recon + config.kl_weight * kl
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach() * len(idx)  # stays on the device: no sync per step
-        losses.append(float(total) / n)
-        bar.set_postfix(loss=f"{losses[-1]:.2f}")
+
+    def batch_loss(idx: Tensor) -> Tensor:
+        eps = torch.randn((len(idx), config.latent_dim), generator=noise, device=dev)
+        _, recon, kl = cvae_loss(model, to_float(x[idx]), y[idx], eps)
+        return recon + config.kl_weight * kl
+
+    losses = fit(
+        batch_loss,
+        optimizer,
+        n=len(data),
+        batch_size=config.batch_size,
+        epochs=config.epochs,
+        generator=torch.Generator().manual_seed(seed),
+        device=dev,
+        desc="cvae",
+        progress=progress,
+    )
     return model.cpu().eval(), losses
 
 
