@@ -30,6 +30,7 @@ import torch
 
 from common.device import resolve_device
 from common.errors import BudgetError, ConfigError
+from common.seeding import derive_seed, seeded
 from edge_sdk import __version__
 from edge_sdk.arch import ArchSpec, ChainSpec, Conv, Dense, Pool, build_model, parse_arch
 from edge_sdk.cvae import CVAE, CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
@@ -39,7 +40,7 @@ from edge_sdk.precision import check_precision, resolve_precision
 from edge_sdk.profiling import fits, profile_model, trains_in_time
 from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
 from edge_sdk.shared_init import read_initial_weights
-from edge_sdk.train import TrainConfig, derive_seed, evaluate, release_memory, seeded, to_float, train
+from edge_sdk.train import TrainConfig, evaluate, release_memory, to_float, train
 from edge_sdk.zoo import RANDOM_POOL
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle, write_bundle

@@ -49,9 +49,10 @@ from common.checks import check_int, from_preset
 from common.device import resolve_device
 from common.errors import ConfigError, DataError, SpecError
 from common.loop import fit
+from common.seeding import seeded
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import ModelProfile, profile_model
-from edge_sdk.train import seeded, to_float
+from edge_sdk.train import to_float
 from export.wire import MAX_LATENT_DIM  # the bundle's bound: a decoder trained here is always shippable
 
 __all__ = [

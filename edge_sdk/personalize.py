@@ -47,10 +47,11 @@ from tqdm.auto import tqdm
 from common.checks import check_int, check_number
 from common.errors import BundleError, ConfigError, DataError
 from common.loop import minibatches, step
+from common.seeding import seeded
 from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
-from edge_sdk.train import evaluate, kd_loss_logits, seeded, to_float
+from edge_sdk.train import evaluate, kd_loss_logits, to_float
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle
 from export.onnx_check import check_classifier_onnx, check_decoder_onnx

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from common.errors import ConfigError, DataError
 from common.loop import fit
+from common.seeding import derive_seed, seeded
 from edge_sdk.outliers import make_outliers
 from edge_sdk.precision import autocast, check_precision, resolve_precision
 
@@ -32,12 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TrainConfig",
-    "derive_seed",
     "evaluate",
     "kd_loss",
     "kd_loss_logits",
     "release_memory",
-    "seeded",
     "to_float",
     "train",
 ]
@@ -112,30 +108,6 @@ def to_float(x_uint8: torch.Tensor) -> torch.Tensor:
     if x_uint8.dtype != torch.uint8:
         raise DataError(f"images must be uint8, got {x_uint8.dtype}")
     return x_uint8.float().div_(255.0)
-
-
-def derive_seed(*entropy: int) -> int:
-    """A 63-bit seed from non-negative integers (numpy's SeedSequence hashing): one independent stream per
-    purpose (a teacher, a chunk, a round) from one user seed, the same on every machine."""
-    state = np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint32)
-    return (int(state[0]) << 31) ^ int(state[1])
-
-
-@contextmanager
-def seeded(seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
-    """Run a block with torch's global RNG seeded, restoring the caller's RNG state afterwards.
-
-    Weight init and Dropout draw from the global generator (they take no ``generator`` argument), so this
-    is how a run becomes a function of ``seed`` without seeding anything for the caller.
-    """
-    device = torch.device(device)
-    cuda = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.default_generator.manual_seed(seed)
-        if cuda:
-            with torch.cuda.device(cuda[0]):
-                torch.cuda.manual_seed(seed)
-        yield
 
 
 def _check(data: ArrayDataset, what: str) -> None:

@@ -38,12 +38,13 @@ from common.errors import (
     TeacherError,
     ToolkitError,
 )
+from common.seeding import derive_seed, seeded
 from common.timing import timed
 from edge_sdk.arch import ChainSpec, build_model, parse_arch
 from edge_sdk.data import ArrayDataset
 from edge_sdk.precision import autocast, check_precision, resolve_precision
 from edge_sdk.profiling import allowed_cores, usable_threads
-from edge_sdk.train import derive_seed, release_memory, seeded
+from edge_sdk.train import release_memory
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import read_bundle
 from export.onnx_export import export_onnx

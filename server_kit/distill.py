@@ -17,8 +17,9 @@ from common.checks import is_number
 from common.device import resolve_device
 from common.errors import ConfigError
 from common.loop import fit
+from common.seeding import seeded
 from edge_sdk.precision import autocast, resolve_precision
-from edge_sdk.train import kd_loss, seeded
+from edge_sdk.train import kd_loss
 
 __all__ = ["DistillConfig", "distill", "random_shift"]
 

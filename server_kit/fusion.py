@@ -48,7 +48,7 @@ from common.checks import from_preset
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import fit
-from edge_sdk.train import seeded
+from common.seeding import seeded
 
 __all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
 

@@ -39,9 +39,9 @@ from torch import Tensor, nn
 from common.checks import check_int, from_preset, is_number
 from common.device import resolve_device
 from common.errors import BundleError, ConfigError
+from common.seeding import derive_seed
 from common.torch_utils import frozen
 from edge_sdk.precision import autocast, resolve_precision
-from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.onnx_export import export_decoder_onnx, read_metadata
 from export.weights import initializer_state_dict

@@ -41,9 +41,9 @@ from torch import Tensor, nn
 from common.checks import from_preset
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
+from common.seeding import derive_seed
 from common.torch_utils import frozen
 from edge_sdk.precision import autocast, resolve_precision
-from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
 from server_kit.parallel import map_teachers
 from server_kit.teachers import batch_statistics_gap, classifier_weight

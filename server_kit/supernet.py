@@ -24,8 +24,9 @@ from tqdm.auto import tqdm
 
 from common.errors import ConfigError, DataError
 from common.loop import step
+from common.seeding import seeded
 from edge_sdk.elastic import SuperNet, largest, sample_elastic, save_supernet, smallest
-from edge_sdk.train import kd_loss_logits, seeded
+from edge_sdk.train import kd_loss_logits
 from export.atomic import atomic_write_json
 from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
 from server_kit.teachers import load_teachers
