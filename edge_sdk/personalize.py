@@ -48,6 +48,7 @@ from common.checks import check_int, check_number
 from common.errors import BundleError, ConfigError, DataError
 from common.loop import minibatches, step
 from common.seeding import seeded
+from common.torch_utils import frozen
 from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
@@ -246,20 +247,16 @@ def _train_local_generator(
     """FedKDG's local generator: CE of the frozen local model on G_l(z, y) + a mode-seeking diversity term."""
     g_local = build_cvae("cvae-small", shape, num_classes, latent_dim=16).decoder
     opt = torch.optim.Adam(g_local.parameters(), lr=1e-3)
-    local.eval()
-    for p in local.parameters():
-        p.requires_grad_(False)
-    for _ in range(steps):
-        y = torch.multinomial(label_share, 64, replacement=True, generator=gen)
-        z = torch.randn(64, 16, generator=gen)
-        x = g_local(z, F.one_hot(y, num_classes).float())
-        ce = F.cross_entropy(local(x), y)
-        # mode seeking: pixel distance per unit of noise distance between pairs, to be maximised
-        dx = (x[:32] - x[32:]).abs().flatten(1).mean(1)
-        dz = (z[:32] - z[32:]).abs().mean(1)
-        step(opt, ce - (dx / dz).mean())
-    for p in local.parameters():
-        p.requires_grad_(True)
+    with frozen(local):
+        for _ in range(steps):
+            y = torch.multinomial(label_share, 64, replacement=True, generator=gen)
+            z = torch.randn(64, 16, generator=gen)
+            x = g_local(z, F.one_hot(y, num_classes).float())
+            ce = F.cross_entropy(local(x), y)
+            # mode seeking: pixel distance per unit of noise distance between pairs, to be maximised
+            dx = (x[:32] - x[32:]).abs().flatten(1).mean(1)
+            dz = (z[:32] - z[32:]).abs().mean(1)
+            step(opt, ce - (dx / dz).mean())
     return g_local.eval()
 
 
