@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from common.checks import check_int, from_preset, is_number
 from common.device import resolve_device
 from common.errors import BundleError, ConfigError
+from common.loop import step
 from common.seeding import derive_seed
 from common.torch_utils import frozen
 from edge_sdk.precision import autocast, resolve_precision
@@ -508,9 +509,7 @@ def train_generator(
                 config.ce_weight * ce + config.div_weight * div + config.bn_weight * bn
                 + config.adv_weight * adv + config.ens_weight * ens
             )  # fmt: skip
-            optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            optimizer.step()
+            step(optimizer, total)
             values = torch.stack([total, ce, div, bn, adv, ens]).detach().cpu().tolist()  # one sync a step
             names = ("total", "ce", "div", "bn", "adv", "ens")
             losses.append({**dict(zip(names, values, strict=True)), "kept": kept})

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from common.checks import from_preset
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
+from common.loop import step
 from common.seeding import derive_seed
 from common.torch_utils import frozen
 from edge_sdk.precision import autocast, resolve_precision
@@ -289,9 +290,7 @@ def _invert_chunk(
                 loss = loss + config.tv_weight * _total_variation(x)
             if config.l2_weight > 0:
                 loss = loss + config.l2_weight * x.square().mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            step(optimizer, loss)
     finally:
         if bn_loss is not None:
             bn_loss.remove()
