@@ -1,10 +1,12 @@
 """The one minibatch loop: epochs of seeded permutations of preloaded tensors, one optimizer step a batch.
 
-Every trainer of the toolkit (the device's classifier and CVAE, the server's distillation, fusion and
-PKE models, on-device personalization) holds its whole training set on the device and trains on index
+Every epoch-based trainer of the toolkit holds its whole training set on the device and trains on index
 batches of a permutation drawn from its own ``torch.Generator``: no DataLoader, no worker processes. The
-permutation is drawn on the CPU, so the batch order is the same on every device. What differs between
-trainers is only the loss of a batch, so that is what they pass in.
+permutation is drawn on the CPU, so the batch order is the same on every device. :func:`fit` runs the
+device's classifier and CVAE, the server's distillation and fusion: they differ only in the loss of a
+batch, so that is what they pass in. Trainers that report something else than the mean loss (the
+personalizations' per-term curves) iterate :func:`minibatches` themselves; step-based trainers (inversion,
+generator, supernet) use :func:`step`.
 
 The loop does not seed torch's global RNG (Dropout, weight init): a caller that needs it wraps the call in
 :func:`common.seeding.seeded`, whose scope it knows.
