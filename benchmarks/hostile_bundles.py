@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 
+from common.seeding import seeded
 from edge_sdk.arch import build_model
 from edge_sdk.client import TrainedCVAE, bundle_cvae, train_cvae_final
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import ArrayDataset, load_client_data, split_train_val
-from edge_sdk.train import TrainConfig, seeded, train
+from edge_sdk.train import TrainConfig, train
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_onnx
 from profiles import load_profile

@@ -190,7 +190,7 @@ def cmd_profiles(args: argparse.Namespace) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> None:
-    from edge_sdk.client import resolve_device
+    from common.device import resolve_device
     from edge_sdk.data import split_train_val
     from edge_sdk.search import search
     from export.atomic import atomic_write_json

@@ -28,7 +28,10 @@ from typing import Any
 
 import torch
 
+from common.device import resolve_device
 from common.errors import BudgetError, ConfigError
+from common.seeding import derive_seed, seeded
+from common.timing import timed
 from edge_sdk import __version__
 from edge_sdk.arch import ArchSpec, build_model, family_of_text, parse_arch, with_num_classes
 from edge_sdk.chain import ChainSpec, Conv, Dense, Pool
@@ -39,7 +42,7 @@ from edge_sdk.precision import check_precision, resolve_precision
 from edge_sdk.profiling import fits, profile_model, trains_in_time
 from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
 from edge_sdk.shared_init import read_initial_weights
-from edge_sdk.train import TrainConfig, derive_seed, evaluate, release_memory, seeded, to_float, train
+from edge_sdk.train import TrainConfig, evaluate, release_memory, to_float, train
 from edge_sdk.zoo import RANDOM_POOL
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle, write_bundle
@@ -208,12 +211,6 @@ class ClientResult:
     seconds: dict[str, float]
     role: str = "classifier"
     extra_bundles: tuple[Path, ...] = ()
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def smallest_classifier(
@@ -578,20 +575,18 @@ def run_client(
         result = _run_classifier(train_split, val_split, profile, config, out, seconds, report)
     if role in ("cvae", "both"):
         path = out if role == "cvae" else decoder_bundle_path(out)
-        t0 = time.perf_counter()
-        trained = train_cvae_final(
-            train_split,
-            val_split,
-            config=config.cvae,
-            profile=profile,
-            seed=config.seed,
-            device=config.device,
-            progress=config.progress,
-        )
-        seconds["cvae_train"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        bundle_cvae(trained, profile, path, seed=config.seed)
-        seconds["cvae_export"] = time.perf_counter() - t0
+        with timed(seconds, "cvae_train"):
+            trained = train_cvae_final(
+                train_split,
+                val_split,
+                config=config.cvae,
+                profile=profile,
+                seed=config.seed,
+                device=config.device,
+                progress=config.progress,
+            )
+        with timed(seconds, "cvae_export"):
+            bundle_cvae(trained, profile, path, seed=config.seed)
         entry = {"bundle": path.name, "arch": trained.arch, "metrics": trained.metrics}
         if result is None:
             report |= entry | {"search": None}
@@ -756,37 +751,33 @@ def _run_classifier(
     """search -> train -> export -> bundle at ``out`` (or, with ``config.init``, train the server's
     initial weights, no search); fills ``seconds`` and ``report``."""
     if config.init is not None:
-        t0 = time.perf_counter()
-        result, trained, finalists = _train_from_init(train_split, val_split, profile, config, report)
-        seconds["train"] = time.perf_counter() - t0
+        with timed(seconds, "train"):
+            result, trained, finalists = _train_from_init(train_split, val_split, profile, config, report)
     else:
-        t0 = time.perf_counter()
-        result = search(
-            train_split,
-            val_split,
-            profile=profile,
-            config=config.search,
-            seed=config.seed,
-            device=resolve_device(config.device),
-            progress=config.progress,
-            precision=config.precision,
-        )
-        seconds["search"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        trained, finalists = _train_finalists(result, train_split, val_split, config)
-        seconds["train"] = time.perf_counter() - t0
+        with timed(seconds, "search"):
+            result = search(
+                train_split,
+                val_split,
+                profile=profile,
+                config=config.search,
+                seed=config.seed,
+                device=resolve_device(config.device),
+                progress=config.progress,
+                precision=config.precision,
+            )
+        with timed(seconds, "train"):
+            trained, finalists = _train_finalists(result, train_split, val_split, config)
 
-    t0 = time.perf_counter()
-    extra = {
-        "strategy": result.strategy,
-        "candidate_epochs": int(result.candidate_epochs),
-        "finalists": len(finalists),
-        "search_rejected": int(result.rejected),
-        "search_cache_hits": int(result.cache_hits),
-        "search_seconds": round(seconds.get("search", 0.0), 3),
-    }
-    bundle_model(trained, profile, out, seed=config.seed, extra_metrics=extra)
-    seconds["export"] = time.perf_counter() - t0
+    with timed(seconds, "export"):
+        extra = {
+            "strategy": result.strategy,
+            "candidate_epochs": int(result.candidate_epochs),
+            "finalists": len(finalists),
+            "search_rejected": int(result.rejected),
+            "search_cache_hits": int(result.cache_hits),
+            "search_seconds": round(seconds.get("search", 0.0), 3),
+        }
+        bundle_model(trained, profile, out, seed=config.seed, extra_metrics=extra)
 
     metrics = dict(trained.metrics) | extra
     report |= {

@@ -44,13 +44,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
-from tqdm.auto import tqdm
 
 from common.checks import check_int, from_preset
+from common.device import resolve_device
 from common.errors import ConfigError, DataError, SpecError
+from common.loop import fit
+from common.seeding import seeded
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import ModelProfile, profile_model
-from edge_sdk.train import seeded, to_float
+from edge_sdk.train import to_float
 from export.wire import MAX_LATENT_DIM  # the bundle's bound: a decoder trained here is always shippable
 
 __all__ = [
@@ -419,12 +421,6 @@ def cvae_loss(model: CVAE, x: Tensor, y_onehot: Tensor, eps: Tensor) -> tuple[Te
     return recon + kl, recon, kl
 
 
-def _resolve(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def _noise_generator(seed: int, stream: int, device: torch.device) -> torch.Generator:
     """A generator on ``device`` for the reparameterisation noise, independent of the batch-order stream."""
     entropy = np.random.SeedSequence([seed, stream]).generate_state(2, dtype=np.uint32)
@@ -456,32 +452,31 @@ def train_cvae(
     _check_data(data, "training")
     if not isinstance(config, CVAEConfig):
         raise ConfigError(f"config must be a CVAEConfig, got {type(config).__name__}")
-    dev = _resolve(device)
+    dev = resolve_device(device)
     with seeded(seed):
         model = build_cvae(config.model, data.input_shape, data.num_classes, config.latent_dim)
     model.to(dev).train()
     x = data.x.to(dev)  # N x C x H x W uint8, converted per batch
     y = F.one_hot(data.y.to(dev), data.num_classes).float()  # N x K
-    n = len(data)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    order = torch.Generator().manual_seed(seed)
     noise = _noise_generator(seed, 1, dev)
-    losses: list[float] = []
-    bar = tqdm(range(config.epochs), desc="cvae", unit="epoch", disable=not progress, leave=False)
-    for _ in bar:
-        perm = torch.randperm(n, generator=order).to(dev)
-        total = torch.zeros((), device=dev)
-        for start in range(0, n, config.batch_size):
-            idx = perm[start : start + config.batch_size]
-            eps = torch.randn((len(idx), config.latent_dim), generator=noise, device=dev)
-            _, recon, kl = cvae_loss(model, to_float(x[idx]), y[idx], eps)
-            loss = recon + config.kl_weight * kl
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach() * len(idx)  # stays on the device: no sync per step
-        losses.append(float(total) / n)
-        bar.set_postfix(loss=f"{losses[-1]:.2f}")
+
+    def batch_loss(idx: Tensor) -> Tensor:
+        eps = torch.randn((len(idx), config.latent_dim), generator=noise, device=dev)
+        _, recon, kl = cvae_loss(model, to_float(x[idx]), y[idx], eps)
+        return recon + config.kl_weight * kl
+
+    losses = fit(
+        batch_loss,
+        optimizer,
+        n=len(data),
+        batch_size=config.batch_size,
+        epochs=config.epochs,
+        generator=torch.Generator().manual_seed(seed),
+        device=dev,
+        desc="cvae",
+        progress=progress,
+    )
     return model.cpu().eval(), losses
 
 
@@ -498,7 +493,7 @@ def evaluate_cvae(
     _check_data(data, "evaluation")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    dev = _resolve(device)
+    dev = resolve_device(device)
     was_training = model.training
     model.to(dev).eval()
     noise = _noise_generator(seed, 2, dev)

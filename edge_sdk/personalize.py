@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,10 +46,13 @@ from tqdm.auto import tqdm
 
 from common.checks import check_int, check_number
 from common.errors import BundleError, ConfigError, DataError
+from common.loop import minibatches, step
+from common.seeding import seeded
+from common.torch_utils import frozen
 from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
-from edge_sdk.train import evaluate, kd_loss_logits, seeded, to_float
+from edge_sdk.train import evaluate, kd_loss_logits, to_float
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle
 from export.onnx_check import check_classifier_onnx, check_decoder_onnx
@@ -245,35 +247,20 @@ def _train_local_generator(
     """FedKDG's local generator: CE of the frozen local model on G_l(z, y) + a mode-seeking diversity term."""
     g_local = build_cvae("cvae-small", shape, num_classes, latent_dim=16).decoder
     opt = torch.optim.Adam(g_local.parameters(), lr=1e-3)
-    local.eval()
-    for p in local.parameters():
-        p.requires_grad_(False)
-    for _ in range(steps):
-        y = torch.multinomial(label_share, 64, replacement=True, generator=gen)
-        z = torch.randn(64, 16, generator=gen)
-        x = g_local(z, F.one_hot(y, num_classes).float())
-        ce = F.cross_entropy(local(x), y)
-        # mode seeking: pixel distance per unit of noise distance between pairs, to be maximised
-        dx = (x[:32] - x[32:]).abs().flatten(1).mean(1)
-        dz = (z[:32] - z[32:]).abs().mean(1)
-        loss = ce - (dx / dz).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    for p in local.parameters():
-        p.requires_grad_(True)
+    with frozen(local):
+        for _ in range(steps):
+            y = torch.multinomial(label_share, 64, replacement=True, generator=gen)
+            z = torch.randn(64, 16, generator=gen)
+            x = g_local(z, F.one_hot(y, num_classes).float())
+            ce = F.cross_entropy(local(x), y)
+            # mode seeking: pixel distance per unit of noise distance between pairs, to be maximised
+            dx = (x[:32] - x[32:]).abs().flatten(1).mean(1)
+            dz = (z[:32] - z[32:]).abs().mean(1)
+            step(opt, ce - (dx / dz).mean())
     return g_local.eval()
 
 
 # ------------------------------------------------------------------------------------------- training
-
-
-def _batches(n: int, batch_size: int, gen: torch.Generator) -> Iterator[Tensor]:
-    order = torch.randperm(n, generator=gen)
-    for i in range(0, n, batch_size):
-        idx = order[i : i + batch_size]
-        if idx.numel() >= 2:  # BatchNorm cannot train on a single sample
-            yield idx
 
 
 def _fit(
@@ -327,7 +314,8 @@ def _fit(
         for _ in range(config.epochs):
             sums: dict[str, float] = {}
             count = 0
-            for idx in _batches(len(x_real), config.batch_size, gen):
+            # the permutation is drawn before the batch draws below, as before; BatchNorm needs >= 2 samples
+            for idx in minibatches(len(x_real), config.batch_size, generator=gen, lone_last="drop"):
                 x, y = to_float(x_real[idx]), y_real[idx]
                 logits = model(x)
                 parts: dict[str, Tensor] = {}
@@ -368,10 +356,7 @@ def _fit(
                     with torch.no_grad():
                         g_pa = global_model(p_a)
                     parts["disg"] = config.kdg_disg_weight * kd_loss_logits(model(p_a), g_pa, t)
-                loss = sum(parts.values())
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # type: ignore[union-attr]
-                optimizer.step()
+                step(optimizer, sum(parts.values()))  # type: ignore[arg-type]
                 for k, v in parts.items():
                     sums[k] = sums.get(k, 0.0) + float(v.detach())
                 count += 1

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from common.checks import check_int, from_preset
 from common.errors import BudgetError, ConfigError, DataError, SpecError
+from common.seeding import seeded
 from edge_sdk.arch import ArchSpec, build_model, parse_arch
 from edge_sdk.chain import (
     MAX_CHANNELS,
@@ -60,7 +61,7 @@ from edge_sdk.profiling import (
     train_seconds,
     trains_in_time,
 )
-from edge_sdk.train import TrainConfig, evaluate, seeded, train
+from edge_sdk.train import TrainConfig, evaluate, train
 from edge_sdk.zoo import RANDOM_POOL
 from profiles import DeviceProfile
 

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from common.errors import ConfigError, DataError
+from common.loop import fit
+from common.seeding import derive_seed, seeded
 from edge_sdk.outliers import make_outliers
 from edge_sdk.precision import autocast, check_precision, resolve_precision
 
@@ -32,12 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TrainConfig",
-    "derive_seed",
     "evaluate",
     "kd_loss",
     "kd_loss_logits",
     "release_memory",
-    "seeded",
     "to_float",
     "train",
 ]
@@ -114,37 +110,6 @@ def to_float(x_uint8: torch.Tensor) -> torch.Tensor:
     return x_uint8.float().div_(255.0)
 
 
-def derive_seed(*entropy: int) -> int:
-    """A 63-bit seed from non-negative integers (numpy's SeedSequence hashing): one independent stream per
-    purpose (a teacher, a chunk, a round) from one user seed, the same on every machine."""
-    state = np.random.SeedSequence(list(entropy)).generate_state(2, dtype=np.uint32)
-    return (int(state[0]) << 31) ^ int(state[1])
-
-
-@contextmanager
-def seeded(seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
-    """Run a block with torch's global RNG seeded, restoring the caller's RNG state afterwards.
-
-    Weight init and Dropout draw from the global generator (they take no ``generator`` argument), so this
-    is how a run becomes a function of ``seed`` without seeding anything for the caller.
-    """
-    device = torch.device(device)
-    cuda = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.default_generator.manual_seed(seed)
-        if cuda:
-            with torch.cuda.device(cuda[0]):
-                torch.cuda.manual_seed(seed)
-        yield
-
-
-def _batches(n: int, batch_size: int) -> list[tuple[int, int]]:
-    bounds = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
-    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
-        bounds[-2:] = [(bounds[-2][0], n)]  # a lone last image would break BatchNorm on 1x1 maps
-    return bounds
-
-
 def _check(data: ArrayDataset, what: str) -> None:
     if len(data) == 0:
         raise DataError(f"{what} split is empty; give it at least one image")
@@ -176,35 +141,34 @@ def train(
     model.to(device, memory_format=torch.channels_last).train()
     x = train.x.to(device)  # N x C x H x W uint8, converted per batch
     y = train.y.to(device=device, dtype=torch.long)
-    n = len(y)
-    bounds = _batches(n, config.batch_size)
     if optimizer is None:
         optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     order_rng = torch.Generator(device="cpu").manual_seed(seed)
     outlier_rng = torch.Generator(device="cpu").manual_seed(derive_seed(seed, OUTLIER_STREAM))
     unknown = train.num_classes if config.unknown_output else None
     precision = resolve_precision(config.precision, device)
-    losses: list[float] = []
-    bar = tqdm(range(config.epochs), desc="train", unit="epoch", disable=not progress, leave=False)
+
+    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
+        xb, yb = to_float(x[idx]), y[idx]
+        if unknown is not None:
+            count = max(1, round(OUTLIER_FRACTION * len(idx)))
+            xb = torch.cat([xb, make_outliers(xb, yb, count, outlier_rng)])
+            yb = torch.cat([yb, yb.new_full((count,), unknown)])
+        with autocast(precision, device):  # per step: autocast caches cast weights until exit
+            return nn.functional.cross_entropy(model(xb), yb)
+
     with seeded(seed, device):
-        for _ in bar:
-            perm = torch.randperm(n, generator=order_rng).to(device)
-            total = torch.zeros((), device=device)
-            for start, stop in bounds:
-                idx = perm[start:stop]
-                xb, yb = to_float(x[idx]), y[idx]
-                if unknown is not None:
-                    count = max(1, round(OUTLIER_FRACTION * len(idx)))
-                    xb = torch.cat([xb, make_outliers(xb, yb, count, outlier_rng)])
-                    yb = torch.cat([yb, yb.new_full((count,), unknown)])
-                with autocast(precision, device):  # per step: autocast caches cast weights until exit
-                    loss = nn.functional.cross_entropy(model(xb), yb)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                total += loss.detach() * (stop - start)  # stays on the device: no sync per step
-            losses.append(float(total) / n)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        losses = fit(
+            batch_loss,
+            optimizer,
+            n=len(y),
+            batch_size=config.batch_size,
+            epochs=config.epochs,
+            generator=order_rng,
+            device=device,
+            lone_last="merge",  # a lone last image would break BatchNorm on 1x1 maps
+            progress=progress,
+        )
     release_memory()
     return losses
 

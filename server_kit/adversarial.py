@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from common.checks import check_int, is_number
 from common.errors import ConfigError
-from edge_sdk.train import derive_seed
+from common.seeding import derive_seed
 from server_kit.distill import DistillConfig, distill
 from server_kit.generator import ConditionalGenerator, GeneratorConfig, sample_generator, train_generator
 from server_kit.labels import LabelConfig, label_synthetic

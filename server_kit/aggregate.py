@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from common.checks import from_preset, is_number
+from common.device import resolve_device
 from common.errors import (
     BundleError,
     ConfigError,
@@ -37,11 +38,13 @@ from common.errors import (
     TeacherError,
     ToolkitError,
 )
+from common.seeding import derive_seed, seeded
+from common.timing import timed
 from edge_sdk.arch import build_model, parse_arch, with_num_classes
 from edge_sdk.data import ArrayDataset
 from edge_sdk.precision import autocast, check_precision, resolve_precision
 from edge_sdk.profiling import allowed_cores, usable_threads
-from edge_sdk.train import derive_seed, release_memory, seeded
+from edge_sdk.train import release_memory
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import read_bundle
 from export.onnx_export import export_onnx
@@ -300,7 +303,7 @@ class AggregateConfig:
         out["fusion"] = None if self.fusion is None else self.fusion.to_dict()
         out["labels"] = self.labels.to_dict()
         out["adversarial"] = None if self.adversarial is None else self.adversarial.to_dict()
-        out["precision"] = resolve_precision(self.precision, _device(self.device))  # what ran
+        out["precision"] = resolve_precision(self.precision, resolve_device(self.device))  # what ran
         return out
 
 
@@ -316,15 +319,6 @@ class AggregateResult:
     synthetic_size: int
     seconds: dict[str, float]
     report: dict[str, Any]
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} asked for, but CUDA is not available; use device cpu or auto")
-    return device
 
 
 def _student_spec(text: str, num_classes: int) -> str:
@@ -489,22 +483,20 @@ def synthesize(fed: Federation, config: AggregateConfig, out: Path, *, progress:
     for name, source in SOURCES.items():
         if name not in wanted:
             continue
-        t0 = time.perf_counter()
-        output = source(fed, config, out, progress)
-        parts[name] = output.samples
-        report.update(output.report)
-        generator = output.generator or generator
-        pool = output.decoders or pool
-        seconds[name] = time.perf_counter() - t0
+        with timed(seconds, name):
+            output = source(fed, config, out, progress)
+            parts[name] = output.samples
+            report.update(output.report)
+            generator = output.generator or generator
+            pool = output.decoders or pool
         release_memory()  # each source's activations are garbage now; keep the process small
         if name == "inversion" and config.checks_claims:
-            t0 = time.perf_counter()
-            check = verify_claims(
-                fed.modules, fed.label_counts, parts[name], device=fed.device, precision=config.precision
-            )
-            fed = replace(fed, label_counts=check.label_counts)
-            report["claims"] = check.report()
-            seconds["claims"] = time.perf_counter() - t0
+            with timed(seconds, "claims"):
+                check = verify_claims(
+                    fed.modules, fed.label_counts, parts[name], device=fed.device, precision=config.precision
+                )
+                fed = replace(fed, label_counts=check.label_counts)
+                report["claims"] = check.report()
     pooled = SyntheticSet(
         x=torch.cat([p.x for p in parts.values()]),
         teacher=torch.cat([p.teacher for p in parts.values()]),
@@ -685,75 +677,72 @@ def train_global(
     rounds; with ``config.fusion`` (FedMHO) initialise it by FedAvg of the same-architecture ``teachers``
     when possible and fuse it on the decoder samples."""
     seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    spec = _student_spec(config.student, fed.num_classes)
-    init = "consensus-distillation"
-    student = fedavg_init(list(teachers)) if config.fusion is not None and config.fedavg_init else None
-    losses: list[float] = []
-    if student is not None:  # FedMHO Eq. 4: same-architecture classifiers are averaged
-        init, spec = "fedavg", teachers[0].bundle.arch
-    else:
-        keep = labels.keep
-        if int(keep.sum()) < 2:
-            raise DataError(
-                f"only {int(keep.sum())} of {len(keep)} synthetic samples carry their target class's label; "
-                "the teachers disagree with every source: keep them with drop_mismatch=False"
+    with timed(seconds, "distill"):
+        spec = _student_spec(config.student, fed.num_classes)
+        init = "consensus-distillation"
+        student = fedavg_init(list(teachers)) if config.fusion is not None and config.fedavg_init else None
+        losses: list[float] = []
+        if student is not None:  # FedMHO Eq. 4: same-architecture classifiers are averaged
+            init, spec = "fedavg", teachers[0].bundle.arch
+        else:
+            keep = labels.keep
+            if int(keep.sum()) < 2:
+                raise DataError(
+                    f"only {int(keep.sum())} of {len(keep)} synthetic samples carry their target class's "
+                    "label; the teachers disagree with every source: keep them with drop_mismatch=False"
+                )
+            hard = config.hard_labels
+            targets = synthesis.synthetic.target_class[keep] if hard else labels.targets[keep]
+            with seeded(config.seed):  # weight init draws from the global RNG: scope and seed it
+                student = build_model(spec, fed.input_shape, fed.num_classes)
+            losses = distill(
+                student,
+                synthesis.synthetic.x[keep],
+                targets,
+                config=replace(config.distill, hard_labels=hard),
+                seed=config.seed,
+                device=fed.device,
+                progress=progress,
+                precision=config.precision,
             )
-        hard = config.hard_labels
-        targets = synthesis.synthetic.target_class[keep] if hard else labels.targets[keep]
-        with seeded(config.seed):  # weight init draws from the global RNG: scope and seed it
-            student = build_model(spec, fed.input_shape, fed.num_classes)
-        losses = distill(
-            student,
-            synthesis.synthetic.x[keep],
-            targets,
-            config=replace(config.distill, hard_labels=hard),
-            seed=config.seed,
-            device=fed.device,
-            progress=progress,
-            precision=config.precision,
-        )
-    seconds["distill"] = time.perf_counter() - t0
     curves = None
     if config.adversarial is not None:
         if synthesis.generator is None:
             raise ConfigError("adversarial distillation needs the generator source's generator")
-        t0 = time.perf_counter()
-        keep = labels.keep
-        curves = adversarial_distill(
-            student,
-            copy.deepcopy(synthesis.generator),  # a phase leaves its inputs as they were
-            fed.modules,
-            synthesis.label_counts,
-            synthesis.synthetic.x[keep],
-            labels.targets[keep],
-            config=config.adversarial,
-            generator_config=config.generator,
-            labels=config.labels,
-            distill_config=config.distill,
-            seed=config.seed,
-            device=fed.device,
-            progress=progress,
-            precision=config.precision,
-        )
-        seconds["adversarial"] = time.perf_counter() - t0
+        with timed(seconds, "adversarial"):
+            keep = labels.keep
+            curves = adversarial_distill(
+                student,
+                copy.deepcopy(synthesis.generator),  # a phase leaves its inputs as they were
+                fed.modules,
+                synthesis.label_counts,
+                synthesis.synthetic.x[keep],
+                labels.targets[keep],
+                config=config.adversarial,
+                generator_config=config.generator,
+                labels=config.labels,
+                distill_config=config.distill,
+                seed=config.seed,
+                device=fed.device,
+                progress=progress,
+                precision=config.precision,
+            )
     fusion_losses: list[float] = []
     if config.fusion is not None:
         decoder_part = synthesis.parts["decoder"]
-        t0 = time.perf_counter()
-        fusion_losses = fuse(
-            student,
-            decoder_part.x,
-            decoder_part.target_class,
-            config=config.fusion,
-            teachers=fed.modules,
-            label_counts=synthesis.label_counts,  # the counts synthesis trusted (verified when checked)
-            decoder_counts=synthesis.decoders.label_counts if synthesis.decoders is not None else (),
-            seed=config.seed,
-            device=fed.device,
-            progress=progress,
-        )
-        seconds["fusion"] = time.perf_counter() - t0
+        with timed(seconds, "fusion"):
+            fusion_losses = fuse(
+                student,
+                decoder_part.x,
+                decoder_part.target_class,
+                config=config.fusion,
+                teachers=fed.modules,
+                label_counts=synthesis.label_counts,  # the counts synthesis trusted (verified when checked)
+                decoder_counts=synthesis.decoders.label_counts if synthesis.decoders is not None else (),
+                seed=config.seed,
+                device=fed.device,
+                progress=progress,
+            )
     return Training(student.cpu().eval(), spec, init, losses, fusion_losses, seconds, curves)
 
 
@@ -764,67 +753,64 @@ def _run(
     eval_data: ArrayDataset | None,
     progress: bool,
 ) -> AggregateResult:
-    device = _device(config.device)
+    device = resolve_device(config.device)
     seconds: dict[str, float] = {}
     started_at = time.time()  # phases follow in the order of ``seconds`` (benchmarks/speed.py)
     wall = time.perf_counter()
 
-    t0 = time.perf_counter()
-    classifier_paths, decoder_bundles = split_kinds(bundle_paths)
-    teachers, skipped = load_teachers(classifier_paths, on_error=config.on_error, device=device)
-    teachers, decoder_bundles = _usable(teachers, decoder_bundles, config, device, skipped)
-    fed = Federation.from_teachers(teachers, device, decoder_bundles)
-    if eval_data is not None and (
-        eval_data.num_classes != fed.num_classes or eval_data.input_shape != fed.input_shape
-    ):
-        raise DataError(
-            f"eval data is {eval_data.num_classes} classes of {eval_data.input_shape} but the teachers are "
-            f"{fed.num_classes} classes of {fed.input_shape}; pass the test set of the federation's task"
-        )
-    seconds["load"] = time.perf_counter() - t0
+    with timed(seconds, "load"):
+        classifier_paths, decoder_bundles = split_kinds(bundle_paths)
+        teachers, skipped = load_teachers(classifier_paths, on_error=config.on_error, device=device)
+        teachers, decoder_bundles = _usable(teachers, decoder_bundles, config, device, skipped)
+        fed = Federation.from_teachers(teachers, device, decoder_bundles)
+        if eval_data is not None and (
+            eval_data.num_classes != fed.num_classes or eval_data.input_shape != fed.input_shape
+        ):
+            raise DataError(
+                f"eval data is {eval_data.num_classes} classes of {eval_data.input_shape} but the teachers "
+                f"are {fed.num_classes} classes of {fed.input_shape}; pass the test set of the federation's "
+                "task"
+            )
 
     synthesis = synthesize(fed, config, out, progress=progress)
     seconds.update(synthesis.seconds)
-    t0 = time.perf_counter()
-    labels = label(fed, synthesis, config)
-    synthesis, labels = top_up(fed, synthesis, labels, config)
-    synthetic = synthesis.synthetic
-    save_synthetic(out / SYNTHETIC_FILE, synthetic)
-    agreement = {
-        # how often the labels name the class a sample was made for ...
-        "target_class": float((labels.targets.argmax(1) == synthetic.target_class).float().mean()),
-        # ... and how often they agree with the teacher that made the image (does the image transfer?)
-        "generating_teacher": _generator_agreement(
-            fed.modules, synthetic, labels.targets.argmax(1), device, config.precision
-        ),
-    }
-    seconds["labels"] = time.perf_counter() - t0
+    with timed(seconds, "labels"):
+        labels = label(fed, synthesis, config)
+        synthesis, labels = top_up(fed, synthesis, labels, config)
+        synthetic = synthesis.synthetic
+        save_synthetic(out / SYNTHETIC_FILE, synthetic)
+        agreement = {
+            # how often the labels name the class a sample was made for ...
+            "target_class": float((labels.targets.argmax(1) == synthetic.target_class).float().mean()),
+            # ... and how often they agree with the teacher that made the image (does the image transfer?)
+            "generating_teacher": _generator_agreement(
+                fed.modules, synthetic, labels.targets.argmax(1), device, config.precision
+            ),
+        }
 
     training = train_global(fed, synthesis, labels, config, teachers=teachers, progress=progress)
     seconds.update(training.seconds)
 
-    t0 = time.perf_counter()
-    metadata = {
-        "arch": training.spec,
-        "role": "global-student",
-        "producer": "server-kit",
-        "num_classes": str(fed.num_classes),
-        "num_teachers": str(len(teachers)),
-        "seed": str(config.seed),
-    }
-    model_bytes = export_onnx(training.student, fed.input_shape, metadata=metadata, seed=config.seed)
-    global_onnx = atomic_write_bytes(out / "global.onnx", model_bytes)
-    keep = labels.keep
-    grid_path = write_grid(out / "pseudo_images.png", synthetic.x[keep], labels.targets[keep])
-    seconds["export"] = time.perf_counter() - t0
+    with timed(seconds, "export"):
+        metadata = {
+            "arch": training.spec,
+            "role": "global-student",
+            "producer": "server-kit",
+            "num_classes": str(fed.num_classes),
+            "num_teachers": str(len(teachers)),
+            "seed": str(config.seed),
+        }
+        model_bytes = export_onnx(training.student, fed.input_shape, metadata=metadata, seed=config.seed)
+        global_onnx = atomic_write_bytes(out / "global.onnx", model_bytes)
+        keep = labels.keep
+        grid_path = write_grid(out / "pseudo_images.png", synthetic.x[keep], labels.targets[keep])
 
-    t0 = time.perf_counter()
-    evaluation = None
-    if eval_data is not None:
-        from server_kit.evaluate import evaluate_onnx
+    with timed(seconds, "evaluate"):
+        evaluation = None
+        if eval_data is not None:
+            from server_kit.evaluate import evaluate_onnx
 
-        evaluation = evaluate_onnx(model_bytes, eval_data, threads=torch.get_num_threads())
-    seconds["evaluate"] = time.perf_counter() - t0
+            evaluation = evaluate_onnx(model_bytes, eval_data, threads=torch.get_num_threads())
     seconds["total"] = time.perf_counter() - wall
 
     report: dict[str, Any] = {
@@ -992,7 +978,7 @@ def _decoder_samples(
         raise DataError(
             f"decoder bundles {bad} do not match the teachers' {num_classes} classes of {input_shape}"
         )
-    device = _device(config.device)
+    device = resolve_device(config.device)
     decoders = [load_decoder(b, device=device) for _, b in decoder_bundles]
     counts = [list(b.label_counts) for _, b in decoder_bundles]
     check = None

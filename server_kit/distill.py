@@ -14,17 +14,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.checks import is_number
+from common.device import resolve_device
 from common.errors import ConfigError
+from common.loop import fit
+from common.seeding import seeded
 from edge_sdk.precision import autocast, resolve_precision
 from edge_sdk.train import kd_loss
 
 __all__ = ["DistillConfig", "distill", "random_shift"]
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,49 +106,35 @@ def distill(
         raise ConfigError(
             "soft distillation needs float N x L targets (use hard_labels=True for class indices)"
         )
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     student.to(dev, memory_format=torch.channels_last).train()
     optimizer = torch.optim.Adam(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # batch order, then each batch's shifts
     x_dev, y_dev = x.to(dev), targets.to(dev)  # preloaded once; batches are index gathers
-    history: list[float] = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
 
-        bar = tqdm(total=config.epochs, desc="distill", unit="epoch")
-    fork_devices = (
-        [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
-    )
-    with torch.random.fork_rng(devices=fork_devices):
-        torch.manual_seed(seed)  # dropout stream, scoped by fork_rng
-        for _ in range(config.epochs):
-            order = torch.randperm(n, generator=gen).to(dev)
-            total, seen = torch.zeros((), device=dev), 0  # summed on device: no sync per batch
-            for i in range(0, n, config.batch_size):
-                idx = order[i : i + config.batch_size]
-                if idx.numel() < 2:  # a lone trailing sample: BatchNorm cannot train on batch 1
-                    continue
-                xb = x_dev[idx]
-                if config.shift > 0:
-                    xb = random_shift(xb, config.shift, gen)
-                with autocast(precision, dev):
-                    logits = student(xb).float()  # B x L
-                if config.hard_labels:
-                    loss = F.cross_entropy(logits, y_dev[idx])
-                else:
-                    loss = kd_loss(logits, y_dev[idx], config.tau)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                total += loss.detach() * idx.numel()
-                seen += idx.numel()
-            history.append(float(total) / seen)
-            if bar is not None:
-                bar.set_postfix(loss=f"{history[-1]:.4f}")
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+    def batch_loss(idx: Tensor) -> Tensor:
+        xb = x_dev[idx]
+        if config.shift > 0:
+            xb = random_shift(xb, config.shift, gen)
+        with autocast(precision, dev):
+            logits = student(xb).float()  # B x L
+        if config.hard_labels:
+            return F.cross_entropy(logits, y_dev[idx])
+        return kd_loss(logits, y_dev[idx], config.tau)
+
+    with seeded(seed, dev):  # the Dropout stream
+        history = fit(
+            batch_loss,
+            optimizer,
+            n=n,
+            batch_size=config.batch_size,
+            epochs=config.epochs,
+            generator=gen,
+            device=dev,
+            lone_last="drop",  # BatchNorm cannot train on a batch of one
+            desc="distill",
+            progress=progress,
+        )
     student.eval()
     return history

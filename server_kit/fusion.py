@@ -43,11 +43,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from common.checks import from_preset
+from common.device import resolve_device
 from common.errors import ConfigError, DataError
-from edge_sdk.train import seeded
+from common.loop import fit
+from common.seeding import seeded
 from server_kit.labels import check_label_counts
 
 __all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
@@ -243,13 +244,6 @@ def conditioned_targets(
     return out.float()
 
 
-def _batches(n: int, batch_size: int) -> list[tuple[int, int]]:
-    bounds = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
-    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
-        bounds[-2:] = [(bounds[-2][0], n)]  # a lone last image would break BatchNorm on 1x1 maps
-    return bounds
-
-
 def fuse(
     student: nn.Module,
     x: Tensor,
@@ -281,11 +275,7 @@ def fuse(
         raise DataError("the synthetic set is empty; nothing to train on")
     if x.dtype == torch.uint8:
         x = x.float() / 255.0
-    dev = (
-        torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if str(device) == "auto"
-        else torch.device(device)
-    )
+    dev = resolve_device(device)
     probs: Tensor | None = None
     if config.mode != "ce":
         if config.mode == "md" and not teachers:
@@ -318,28 +308,26 @@ def fuse(
     probs_dev = probs.to(dev) if probs is not None else None
     student.to(dev).train()
     optimizer = torch.optim.Adam(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    order = torch.Generator().manual_seed(seed)
-    n = len(y_dev)
-    bounds = _batches(n, config.batch_size)
-    losses: list[float] = []
-    bar = tqdm(range(config.epochs), desc="fusion", unit="epoch", disable=not progress, leave=False)
+
+    def batch_loss(idx: Tensor) -> Tensor:
+        return fusion_loss(
+            student(x_dev[idx]),
+            y_dev[idx],
+            mode=config.mode,
+            teacher_probs=probs_dev[idx] if probs_dev is not None else None,
+            lam=config.lam,
+        )
+
     with seeded(seed, dev):
-        for _ in bar:
-            perm = torch.randperm(n, generator=order).to(dev)
-            total = torch.zeros((), device=dev)
-            for start, stop in bounds:
-                idx = perm[start:stop]
-                loss = fusion_loss(
-                    student(x_dev[idx]),
-                    y_dev[idx],
-                    mode=config.mode,
-                    teacher_probs=probs_dev[idx] if probs_dev is not None else None,
-                    lam=config.lam,
-                )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                total += loss.detach() * (stop - start)  # stays on the device: no sync per step
-            losses.append(float(total) / n)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-    return losses
+        return fit(
+            batch_loss,
+            optimizer,
+            n=len(y_dev),
+            batch_size=config.batch_size,
+            epochs=config.epochs,
+            generator=torch.Generator().manual_seed(seed),
+            device=dev,
+            lone_last="merge",  # a lone last image would break BatchNorm on 1x1 maps
+            desc="fusion",
+            progress=progress,
+        )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,9 +37,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.checks import check_int, from_preset, is_number
+from common.device import resolve_device
 from common.errors import BundleError, ConfigError
+from common.loop import step
+from common.seeding import derive_seed
+from common.torch_utils import frozen
 from edge_sdk.precision import autocast, resolve_precision
-from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.onnx_export import export_decoder_onnx, read_metadata
 from export.weights import initializer_state_dict
@@ -351,11 +354,11 @@ def gradient_noise_scores(
     if x.shape[0] != y.shape[0]:
         raise ConfigError(f"x has {x.shape[0]} samples but y {y.shape[0]}")
     check_int("batch_size", batch_size, 1)
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     weights = class_weights.to(dev)
     norms = []
     with contextlib.ExitStack() as stack:
-        modules = [stack.enter_context(_frozen(m.to(dev))) for m in teachers]
+        modules = [stack.enter_context(frozen(m.to(dev))) for m in teachers]
         for i in range(0, x.shape[0], batch_size):
             xb = x[i : i + batch_size].to(dev).float().requires_grad_(True)
             logits = torch.stack([m(xb) for m in modules])  # K x B x L
@@ -395,26 +398,6 @@ def filter_noisy(scores: Tensor, fraction: float) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------- training
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-@contextlib.contextmanager
-def _frozen(module: nn.Module) -> Iterator[nn.Module]:
-    """eval() + requires_grad False for the duration; the caller's flags are restored afterwards."""
-    was_training = module.training
-    flags = [p.requires_grad for p in module.parameters()]
-    module.eval().requires_grad_(False)
-    try:
-        yield module
-    finally:
-        for p, flag in zip(module.parameters(), flags, strict=True):
-            p.requires_grad_(flag)
-        module.train(was_training)
 
 
 def _label_inputs(label_counts: Sequence[Sequence[int]], num_teachers: int, num_classes: int) -> Tensor:
@@ -472,7 +455,7 @@ def train_generator(
     shape = _check_shape(input_shape)
     check_int("num_classes", num_classes, 2)
     counts = _label_inputs(label_counts, len(teachers), num_classes)
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     weights = class_shares(counts).to(dev)  # K x L
     held = held_classes(counts).to(dev) if config.mask_teachers else None
@@ -489,9 +472,9 @@ def train_generator(
     losses: list[dict[str, float]] = []
     bar = _progress(steps, progress)
     with contextlib.ExitStack() as stack:
-        modules = [stack.enter_context(_frozen(m.to(dev))) for m in teachers]
+        modules = [stack.enter_context(frozen(m.to(dev))) for m in teachers]
         if adversary is not None:
-            stack.enter_context(_frozen(adversary.to(dev)))
+            stack.enter_context(frozen(adversary.to(dev)))
         bn_match = _BatchNormMatch(modules) if config.bn_weight > 0 else None
         if bn_match is not None:
             stack.callback(bn_match.remove)
@@ -526,9 +509,7 @@ def train_generator(
                 config.ce_weight * ce + config.div_weight * div + config.bn_weight * bn
                 + config.adv_weight * adv + config.ens_weight * ens
             )  # fmt: skip
-            optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            optimizer.step()
+            step(optimizer, total)
             values = torch.stack([total, ce, div, bn, adv, ens]).detach().cpu().tolist()  # one sync a step
             names = ("total", "ce", "div", "bn", "adv", "ens")
             losses.append({**dict(zip(names, values, strict=True)), "kept": kept})
@@ -566,7 +547,7 @@ def sample_generator(
     stream = torch.Generator().manual_seed(seed)
     y = torch.multinomial(probs, n, replacement=True, generator=stream)  # N
     z = torch.randn((n, generator.nz), generator=stream)  # N x nz
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     was_training = generator.training
     generator.to(dev).eval()
     try:

@@ -25,12 +25,11 @@ matching, total variation and an l2 pixel prior.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,9 +39,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.checks import from_preset
+from common.device import resolve_device
 from common.errors import ConfigError, DataError
+from common.loop import step
+from common.seeding import derive_seed
+from common.torch_utils import frozen
 from edge_sdk.precision import autocast, resolve_precision
-from edge_sdk.train import derive_seed
 from export.atomic import atomic_write_bytes, atomic_write_json
 from server_kit.parallel import map_teachers
 from server_kit.teachers import batch_statistics_gap, classifier_weight
@@ -214,30 +216,8 @@ def _plan(
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def _head_weight(module: nn.Module) -> Tensor:
     return classifier_weight(module).detach()
-
-
-@contextlib.contextmanager
-def _frozen(module: nn.Module) -> Iterator[nn.Module]:
-    """eval() + requires_grad False for the duration; the caller's flags are restored afterwards."""
-    was_training = module.training
-    flags = [p.requires_grad for p in module.parameters()]
-    module.eval()
-    for p in module.parameters():
-        p.requires_grad_(False)
-    try:
-        yield module
-    finally:
-        for p, flag in zip(module.parameters(), flags, strict=True):
-            p.requires_grad_(flag)
-        module.train(was_training)
 
 
 class _BNStatLoss:
@@ -310,9 +290,7 @@ def _invert_chunk(
                 loss = loss + config.tv_weight * _total_variation(x)
             if config.l2_weight > 0:
                 loss = loss + config.l2_weight * x.square().mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            step(optimizer, loss)
     finally:
         if bn_loss is not None:
             bn_loss.remove()
@@ -365,13 +343,13 @@ def invert_teacher(
     put in eval mode with frozen parameters for the call (its flags are restored after).
     """
     shape = _check_inputs(num_classes, input_shape)
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     counts = None if class_counts is None else [list(class_counts)]
     chunks = _teacher_plans(config, 1, num_classes, counts)[0]
     concentrations = _concentrations_of(module, num_classes, None if counts is None else counts[0])
     xs, cs = [], []
-    with _frozen(module):
+    with frozen(module):
         module.to(dev)
         bar = _progress(len(chunks), progress, "inversion")
         for i, chunk in enumerate(chunks):
@@ -484,7 +462,7 @@ def synthesize_inversion(
     if not modules:
         raise ConfigError("synthesize_inversion needs at least one teacher")
     shape = _check_inputs(num_classes, input_shape)
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     plans = _teacher_plans(config, len(modules), num_classes, label_counts)
     work = Path(work_dir) if work_dir is not None else None
@@ -511,7 +489,7 @@ def synthesize_inversion(
         concentrations = _concentrations_of(module, num_classes, row)
         base = teacher_seed(seed, k)
         out: list[tuple[Tensor, Tensor]] = []
-        with _frozen(module):
+        with frozen(module):
             module.to(dev)
             for i, chunk in enumerate(chunks):
                 path = _chunk_path(work, k, i) if work is not None else None

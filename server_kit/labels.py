@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.device import resolve_device
 from common.errors import ConfigError, ToolkitError
 from edge_sdk.precision import autocast, resolve_precision
 from server_kit.abstain import own_probability
@@ -148,12 +149,6 @@ def held_classes(label_counts: Sequence[Sequence[int]] | Tensor) -> Tensor:
     return held | ~held.any(dim=1, keepdim=True)
 
 
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 @torch.no_grad()
 def teacher_probs(
     module: nn.Module,
@@ -190,7 +185,7 @@ def _probs_and_own(
     float64 probability that each image is one of its classes (None for the others)."""
     if not tau > 0:
         raise ConfigError(f"tau must be > 0, got {tau}")
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     was_training = module.training
     module.eval().to(dev)

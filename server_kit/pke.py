@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from common.errors import ConfigError, DataError
+from common.loop import minibatches, step
 from edge_sdk.arch import build_model
 from export.atomic import atomic_write_json
 from export.bundle import client_names
@@ -119,18 +120,12 @@ def train_server_models(
             model.train()
             own = dict(model.named_parameters())
             z = knowledge[n].to(device)
-            order = torch.randperm(len(x), generator=gen).to(device)
             total = torch.zeros((), device=device)
-            for i in range(0, len(x), config.batch_size):
-                idx = order[i : i + config.batch_size]
-                if idx.numel() < 2:
-                    continue
+            # the curve is the L1 term alone, over len(x) even when a lone last sample is dropped
+            for idx in minibatches(len(x), config.batch_size, generator=gen, device=device, lone_last="drop"):
                 fit = F.l1_loss(model(x[idx]), z[idx])
                 prox = sum(((own[k] - mean[k]) ** 2).sum() for k in names)
-                loss = fit + config.mu * prox
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                step(opt, fit + config.mu * prox)
                 total += fit.detach() * idx.numel()
             curves[n].append(float(total) / len(x))
             bar.update(1)

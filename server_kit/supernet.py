@@ -23,8 +23,10 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from common.errors import ConfigError, DataError
+from common.loop import step
+from common.seeding import seeded
 from edge_sdk.elastic import SuperNet, largest, sample_elastic, save_supernet, smallest
-from edge_sdk.train import kd_loss_logits, seeded
+from edge_sdk.train import kd_loss_logits
 from export.atomic import atomic_write_json
 from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
 from server_kit.teachers import load_teachers
@@ -103,9 +105,7 @@ def train_supernet(
             guide = out_large.detach()
             for spec in [small, *(sample_elastic(rng) for _ in range(config.random_subnets))]:
                 loss = loss + kd_loss_logits(supernet(xb, spec), guide, config.tau)  # inplace distillation
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            step(optimizer, loss)
             losses.append(float(loss.detach()))
     return supernet.cpu().eval(), losses
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from common.errors import BudgetError, ConfigError, ExportError
+from common.seeding import seeded
 from edge_sdk.arch import build_model
 from edge_sdk.client import ClientConfig, run_client, save_trained_model, train_final
 from edge_sdk.data import load_dataset, split_train_val
 from edge_sdk.search import SearchConfig
 from edge_sdk.shared_init import initial_weights, read_initial_weights
-from edge_sdk.train import seeded
 from export.bundle import read_bundle
 from profiles import load_profile
 from server_kit.evaluate import evaluate_module

@@ -1,0 +1,98 @@
+"""The one minibatch loop: epochs of seeded permutations of preloaded tensors, one optimizer step a batch.
+
+Every epoch-based trainer of the toolkit holds its whole training set on the device and trains on index
+batches of a permutation drawn from its own ``torch.Generator``: no DataLoader, no worker processes. The
+permutation is drawn on the CPU, so the batch order is the same on every device. :func:`fit` runs the
+device's classifier and CVAE, the server's distillation and fusion: they differ only in the loss of a
+batch, so that is what they pass in. Trainers that report something else than the mean loss (the
+personalizations' per-term curves) iterate :func:`minibatches` themselves; step-based trainers (inversion,
+generator, supernet) use :func:`step`.
+
+The loop does not seed torch's global RNG (Dropout, weight init): a caller that needs it wraps the call in
+:func:`common.seeding.seeded`, whose scope it knows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from common.errors import ConfigError
+
+__all__ = ["LONE_LAST", "fit", "minibatches", "step"]
+
+# what becomes of a trailing batch of one sample, which BatchNorm cannot normalise on 1x1 maps: kept,
+# merged into the batch before it, or dropped (every batch of one is dropped, so batch size 1 trains nothing)
+LONE_LAST = ("keep", "merge", "drop")
+
+
+def minibatches(
+    n: int,
+    batch_size: int,
+    *,
+    generator: torch.Generator,
+    device: torch.device | None = None,
+    lone_last: str = "keep",
+) -> list[Tensor]:
+    """One epoch: a permutation of ``range(n)`` drawn from ``generator`` (one ``randperm`` draw, on the
+    CPU), cut into ``batch_size`` index slices, moved to ``device`` when given.
+
+    Drawn whole before the first batch, so a loss that draws from the same generator (augmentation) draws
+    after it, as a hand-written loop would.
+    """
+    if lone_last not in LONE_LAST:
+        raise ConfigError(f"lone_last must be one of {LONE_LAST}, got {lone_last!r}")
+    order = torch.randperm(n, generator=generator)
+    if device is not None:
+        order = order.to(device)
+    bounds = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+    if lone_last == "merge" and len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    elif lone_last == "drop":
+        bounds = [(start, stop) for start, stop in bounds if stop - start >= 2]
+    return [order[start:stop] for start, stop in bounds]
+
+
+def step(optimizer: torch.optim.Optimizer, loss: Tensor) -> None:
+    """One optimizer step on ``loss``: gradients cleared (set to None), back-propagated, applied."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
+def fit(
+    loss_fn: Callable[[Tensor], Tensor],
+    optimizer: torch.optim.Optimizer,
+    *,
+    n: int,
+    batch_size: int,
+    epochs: int,
+    generator: torch.Generator,
+    device: torch.device,
+    lone_last: str = "keep",
+    desc: str = "train",
+    progress: bool = False,
+) -> list[float]:
+    """Train for ``epochs`` of :func:`minibatches`; returns the mean loss of each epoch over its samples.
+
+    ``loss_fn(idx)`` gives the scalar loss of the batch of samples ``idx`` (on ``device``); the model and
+    its data are the caller's. Each epoch draws one permutation from ``generator``. The epoch's loss is
+    summed on the device, weighted by batch size (no host sync per step), and read once at its end.
+    """
+    losses: list[float] = []
+    bar = tqdm(range(epochs), desc=desc, unit="epoch", disable=not progress, leave=False)
+    for _ in bar:
+        total = torch.zeros((), device=device)
+        seen = 0
+        batches = minibatches(n, batch_size, generator=generator, device=device, lone_last=lone_last)
+        for idx in batches:
+            loss = loss_fn(idx)
+            step(optimizer, loss)
+            total += loss.detach() * len(idx)
+            seen += len(idx)
+        losses.append(float(total) / seen)
+        bar.set_postfix(loss=f"{losses[-1]:.4g}")
+    return losses

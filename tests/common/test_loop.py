@@ -1,0 +1,85 @@
+"""The one minibatch loop: batch plans, the seeded order, and fit against a hand-written loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from common.errors import ConfigError
+from common.loop import fit, minibatches, step
+
+
+def _sizes(batches: list[torch.Tensor]) -> list[int]:
+    return [len(b) for b in batches]
+
+
+def test_batches_cover_one_permutation_drawn_from_the_generator() -> None:
+    batches = minibatches(10, 4, generator=torch.Generator().manual_seed(3))
+    assert _sizes(batches) == [4, 4, 2]
+    want = torch.randperm(10, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(torch.cat(batches), want)  # one randperm draw, in order
+
+
+@pytest.mark.parametrize(("lone_last", "sizes"), [("keep", [4, 4, 1]), ("merge", [4, 5]), ("drop", [4, 4])])
+def test_a_lone_last_sample_is_kept_merged_or_dropped(lone_last: str, sizes: list[int]) -> None:
+    batches = minibatches(9, 4, generator=torch.Generator().manual_seed(0), lone_last=lone_last)
+    assert _sizes(batches) == sizes
+
+
+def test_drop_leaves_no_batch_of_one_and_a_single_batch_alone() -> None:
+    gen = torch.Generator().manual_seed(0)
+    assert minibatches(5, 1, generator=gen, lone_last="drop") == []
+    assert _sizes(minibatches(1, 4, generator=gen, lone_last="merge")) == [1]  # nothing to merge into
+
+
+def test_unknown_lone_last_is_refused() -> None:
+    with pytest.raises(ConfigError, match="lone_last must be one of"):
+        minibatches(4, 2, generator=torch.Generator(), lone_last="pad")
+
+
+def test_fit_equals_the_hand_written_loop() -> None:
+    """Same permutations, same steps, and the epoch loss as the sample-weighted mean of the batch losses."""
+    x = torch.randn(11, 3, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(11, 1, generator=torch.Generator().manual_seed(2))
+
+    def make() -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = nn.Linear(3, 1)
+        with torch.no_grad():
+            model.weight.fill_(0.1)
+            model.bias.zero_()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    model, opt = make()
+    losses = fit(
+        lambda idx: nn.functional.mse_loss(model(x[idx]), y[idx]),
+        opt,
+        n=11,
+        batch_size=4,
+        epochs=2,
+        generator=torch.Generator().manual_seed(5),
+        device=torch.device("cpu"),
+    )
+    ref, ref_opt = make()
+    gen = torch.Generator().manual_seed(5)
+    want = []
+    for _ in range(2):
+        order, total = torch.randperm(11, generator=gen), 0.0
+        for start in range(0, 11, 4):
+            idx = order[start : start + 4]
+            loss = nn.functional.mse_loss(ref(x[idx]), y[idx])
+            ref_opt.zero_grad()
+            loss.backward()
+            ref_opt.step()
+            total += loss.item() * len(idx)
+        want.append(total / 11)
+    assert losses == pytest.approx(want, rel=1e-6)
+    assert torch.equal(model.weight, ref.weight) and torch.equal(model.bias, ref.bias)
+
+
+def test_step_clears_the_previous_gradient() -> None:
+    w = nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=1.0)
+    w.grad = torch.full((1,), 100.0)  # a stale gradient must not be applied
+    step(opt, (2 * w).sum())
+    assert w.item() == pytest.approx(-1.0)
