@@ -192,6 +192,16 @@ class ChainSpace:
             target.append(pool[int(rng.integers(len(pool)))])
         return align(a, ChainSpec(tuple(target)), rng, input_shape)
 
+    def align(
+        self,
+        current: ChainSpec,
+        target: ChainSpec,
+        rng: np.random.Generator,
+        input_shape: tuple[int, int, int],
+    ) -> ChainSpec:
+        """The alignment operator T (:func:`align`): PSO's move, beyond the :class:`SearchSpace` interface."""
+        return align(current, target, rng, input_shape)
+
     def encode(self, spec: ArchSpec) -> np.ndarray:
         """MAX_DEPTH slots of (kind, channels, kernel, units), zero-padded (the same width for any
         ``max_depth``, so encodings of differently bounded searches compare)."""

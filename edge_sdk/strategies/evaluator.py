@@ -92,7 +92,6 @@ class Evaluator:
     cache_hits: int = 0
     needs: dict[str, float] = field(default_factory=dict)  # smallest budget share seen, per budget
     proxy: Callable[[ArchSpec], float] | None = None  # fitness without training (evolution's supernet)
-    warm: str | None = None  # the PSO warm-start spec, once one fits
     screened: dict[str, tuple[int, int, int, str | None]] = field(default_factory=dict)
     final_samples: int = 0  # images of the final training (the whole split; candidates see a subset)
 

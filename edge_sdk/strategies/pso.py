@@ -18,7 +18,7 @@ import numpy as np
 from common.checks import check_int
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import MAX_DEPTH, ChainSpec, Conv, Dense, Layer, parse_arch
-from edge_sdk.spaces.chain import DEFAULT_MAX_DEPTH, align, check_max_depth, sample_spec
+from edge_sdk.spaces.chain import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth
 from edge_sdk.strategies.base import SearchConfig, check_arch
 from edge_sdk.strategies.evaluator import Evaluation, Evaluator, Found
 
@@ -142,15 +142,18 @@ def _warm_spec(ev: Evaluator, config: PSOConfig) -> tuple[ChainSpec, Evaluation]
         return None
     for _ in range(WARM_NARROWINGS + 1):
         if ev.screen(spec)[3] is None:  # screening only: the rejected widths are never trained
-            ev.warm = str(spec)
             return spec, ev.evaluate(spec)
         spec = _narrow(spec)
     return None
 
 
-def _swarm(ev: Evaluator, config: PSOConfig, rng: np.random.Generator) -> tuple[ChainSpec, float]:
-    """One swarm (Algorithm 2); returns its global best (spec, fitness)."""
+def _swarm(
+    ev: Evaluator, config: PSOConfig, rng: np.random.Generator
+) -> tuple[ChainSpec, float, ChainSpec | None]:
+    """One swarm (Algorithm 2) over the chain space; returns its global best (spec, fitness) and the
+    warm-start particle (None: none fitted, or warm start off)."""
     cfg, shape = config, ev.input_shape
+    space = ChainSpace(max_depth=cfg.max_depth)
     positions: list[ChainSpec] = []
     fitness: list[float] = []
     trainable: list[bool] = []
@@ -160,7 +163,7 @@ def _swarm(ev: Evaluator, config: PSOConfig, rng: np.random.Generator) -> tuple[
             spec, result = warm
         else:
             for _ in range(INIT_ATTEMPTS):  # bounded: a tight budget may reject most samples
-                spec = sample_spec(rng, shape, ev.num_classes, max_depth=cfg.max_depth)
+                spec = space.sample(rng, shape, ev.num_classes)
                 result = ev.evaluate(spec)
                 if result.rejected is None:
                     break
@@ -184,7 +187,7 @@ def _swarm(ev: Evaluator, config: PSOConfig, rng: np.random.Generator) -> tuple[
                     target.append(glob[j])
                 else:
                     target.append(own[j])
-            positions[i] = align(positions[i], ChainSpec(tuple(target)), rng, shape)
+            positions[i] = space.align(positions[i], ChainSpec(tuple(target)), rng, shape)
             new = ev.evaluate(positions[i]).fitness
             if new < pfit[i]:
                 pbest[i], pfit[i] = positions[i], new
@@ -192,19 +195,22 @@ def _swarm(ev: Evaluator, config: PSOConfig, rng: np.random.Generator) -> tuple[
                     gbest, gfit = positions[i], new
             ev.bar.update(1)
             ev.bar.set_postfix(best=f"{gfit:.4f}", rejected=ev.rejected, cached=ev.cache_hits)
-    return gbest, gfit
+    return gbest, gfit, None if warm is None else warm[0]
 
 
 def run(ev: Evaluator, config: PSOConfig, seeds: list[np.random.SeedSequence]) -> Found:
     """``repeats`` swarms, one per seed; the finalists are the best distinct specs the search met."""
-    repeats_best = [_swarm(ev, config, np.random.default_rng(seq)) for seq in seeds]
+    swarms = [_swarm(ev, config, np.random.default_rng(seq)) for seq in seeds]
+    repeats_best = [(spec, fitness) for spec, fitness, _ in swarms]
     best_spec, _ = min(repeats_best, key=lambda item: item[1])
+    warms = {str(warm) for _, _, warm in swarms if warm is not None}  # one spec: every swarm's is the same
+    warm = warms.pop() if warms else None
     finalists = [str(best_spec)]
     if config.finalists > 1:
         ranked = sorted(
             (e for e in ev.cache.values() if math.isfinite(e.fitness)), key=lambda e: (e.fitness, e.spec)
         )
         finalists += [e.spec for e in ranked if e.spec != finalists[0]][: config.finalists - 1]
-        if ev.warm is not None and ev.warm not in finalists and math.isfinite(ev.cache[ev.warm].fitness):
-            finalists[-1] = ev.warm  # the baseline always competes in the final ranking
-    return Found(repeats_best=list(repeats_best), finalists=tuple(finalists))
+        if warm is not None and warm not in finalists and math.isfinite(ev.cache[warm].fitness):
+            finalists[-1] = warm  # the baseline always competes in the final ranking
+    return Found(repeats_best=repeats_best, finalists=tuple(finalists))
