@@ -32,7 +32,7 @@ from edge_sdk.arch import build_model
 from edge_sdk.client import ClientConfig, run_client, train_final
 from edge_sdk.data import ArrayDataset, load_client_data, split_train_val
 from edge_sdk.profiling import fits, profile_model
-from edge_sdk.search import SearchConfig
+from edge_sdk.search import build_search_config
 from edge_sdk.zoo import CNN1
 from export.atomic import atomic_write_json
 from export.bundle import read_bundle
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> None:
         profile = load_profile(str(bundle.profile["name"]))
         shape, classes = data.input_shape, data.num_classes
         if args.rerun:
-            search = SearchConfig.preset("fast", final_epochs=epochs, **overrides)
+            search = build_search_config("fast", final_epochs=epochs, **overrides)
             config = ClientConfig(search=search, seed=seed, role="classifier")
             out = args.rerun / f"client_{k:02d}.bundle"
             res = run_client(data, profile=profile, config=config, out=out)

@@ -31,8 +31,9 @@ from edge_vs_fixed import client_test_set
 from edge_sdk.client import ClientConfig, run_client, train_final
 from edge_sdk.data import load_client_data, split_train_val
 from edge_sdk.elastic import cost_of, encode, extract, largest, load_supernet, sample_elastic, smallest
-from edge_sdk.evolution import predictor, rank_correlation, recalibrate_bn, supernet_proxy
-from edge_sdk.search import SearchConfig
+from edge_sdk.strategies.evolution import EvolutionConfig
+from edge_sdk.strategies.predictor import predictor, rank_correlation
+from edge_sdk.strategies.supernet_proxy import recalibrate_bn, supernet_proxy
 from edge_sdk.train import evaluate
 from export.atomic import atomic_write_json
 from export.bundle import read_bundle
@@ -164,9 +165,8 @@ def main(argv: list[str]) -> None:
         bundle = read_bundle(bundles[k])
         data = load_client_data(run / "data" / f"client_{k:02d}.npz")
         local = client_test_set(test, list(bundle.label_counts), size=2000, seed=k)
-        search = SearchConfig.preset(
+        search = EvolutionConfig.preset(
             "fast",
-            strategy="evolution",
             supernet=str(supernet_path),
             final_epochs=int(bundle.metrics["final_epochs"]),
         )

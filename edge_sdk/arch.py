@@ -38,6 +38,7 @@ __all__ = [
     "family_of",
     "family_of_text",
     "parse_arch",
+    "problems",
     "with_num_classes",
 ]
 
@@ -81,6 +82,10 @@ class ArchFamily(Protocol[S]):
 
     def with_num_classes(self, spec: S, num_classes: int) -> S:
         """The spec for a task of ``num_classes`` (itself where the head is sized at build time)."""
+        ...
+
+    def problems(self, spec: S, input_shape: tuple[int, int, int]) -> list[str]:
+        """Every rule the spec breaks for a (C, H, W) input, before anything is built (empty: fine)."""
         ...
 
 
@@ -141,6 +146,11 @@ def build_model(spec: ArchSpec | str, input_shape: tuple[int, int, int], num_cla
 def with_num_classes(spec: ArchSpec, num_classes: int) -> ArchSpec:
     """``spec`` for a task of ``num_classes``: a chain's head resized, other families' specs unchanged."""
     return family_of(spec).with_num_classes(spec, num_classes)
+
+
+def problems(spec: ArchSpec, input_shape: tuple[int, int, int]) -> list[str]:
+    """Every rule ``spec`` breaks for a (C, H, W) input (empty when it can be built); nothing is built."""
+    return family_of(spec).problems(spec, input_shape)
 
 
 def analytic_cost(

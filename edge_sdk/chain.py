@@ -300,5 +300,8 @@ class ChainFamily:
     def with_num_classes(self, spec: ChainSpec, num_classes: int) -> ChainSpec:
         return spec.with_num_classes(num_classes)
 
+    def problems(self, spec: ChainSpec, input_shape: tuple[int, int, int]) -> list[str]:
+        return spec.problems(input_shape)
+
 
 CHAIN_FAMILY = ChainFamily()

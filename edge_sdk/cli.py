@@ -125,13 +125,14 @@ def cvae_config(args: argparse.Namespace, base: Any = None):  # -> CVAEConfig
 
 
 def search_config(args: argparse.Namespace, base: Any = None):  # -> SearchConfig
-    """The search settings: ``--preset`` (or ``base``, else ``fast``) with the given search knobs."""
-    from edge_sdk.search import SearchConfig
+    """The search settings: ``--preset`` (or ``base``, else ``fast``) of ``--strategy`` (or the base's,
+    else pso) with the given search knobs; a knob of another strategy is refused."""
+    from edge_sdk.search import build_search_config, replace_search_config
 
     given = overrides(args, SEARCH_KNOBS)
     if base is not None and args.preset is None:
-        return dataclasses.replace(base, **given)
-    return SearchConfig.preset(args.preset or "fast", **given)
+        return replace_search_config(base, **given)
+    return build_search_config(args.preset or "fast", **given)
 
 
 def load_data(args: argparse.Namespace):  # -> ArrayDataset
@@ -258,10 +259,11 @@ def cmd_run(args: argparse.Namespace) -> None:
     search = search_config(args)
     if args.init is not None and args.strategy is None and args.fixed_arch is None:
         # the file names the architecture: train it (a conflicting --strategy / --fixed-arch is refused)
+        from edge_sdk.search import replace_search_config
         from edge_sdk.shared_init import read_initial_weights
 
         weights = read_initial_weights(args.init, input_shape=data.input_shape, num_classes=data.num_classes)
-        search = dataclasses.replace(search, strategy="fixed", fixed_arch=weights.arch)
+        search = replace_search_config(search, strategy="fixed", fixed_arch=weights.arch)
     config = ClientConfig(
         search=search,
         init=args.init,

@@ -40,8 +40,13 @@ from edge_sdk.data import ArrayDataset, split_train_val
 from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet, smallest
 from edge_sdk.precision import check_precision, resolve_precision
 from edge_sdk.profiling import fits, profile_model, trains_in_time
-from edge_sdk.search import CHANNELS, KERNELS, SearchConfig, SearchResult, search
+from edge_sdk.search import SearchResult, search
 from edge_sdk.shared_init import read_initial_weights
+from edge_sdk.spaces.chain import CHANNELS, DEFAULT_MAX_DEPTH, KERNELS
+from edge_sdk.strategies.base import SearchConfig
+from edge_sdk.strategies.baselines import FixedConfig
+from edge_sdk.strategies.evolution import EvolutionConfig
+from edge_sdk.strategies.pso import PSOConfig
 from edge_sdk.train import TrainConfig, evaluate, release_memory, to_float, train
 from edge_sdk.zoo import RANDOM_POOL
 from export.atomic import atomic_write_bytes, atomic_write_json
@@ -80,7 +85,7 @@ class ClientConfig:
     the ``cvae`` and ``both`` roles.
     """
 
-    search: SearchConfig = field(default_factory=SearchConfig)
+    search: SearchConfig = field(default_factory=PSOConfig)
     val_fraction: float = 0.2
     seed: int = 0
     device: str = "cpu"
@@ -99,6 +104,8 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        if not isinstance(self.search, SearchConfig):
+            raise ConfigError(f"search must be a strategy's SearchConfig, got {type(self.search).__name__}")
         if self.init is not None:
             if not isinstance(self.init, str) or not self.init:
                 raise ConfigError(
@@ -125,7 +132,7 @@ class ClientConfig:
             raise ConfigError(f"unknown_output must be a bool, got {self.unknown_output!r}")
         if self.unknown_output and self.role == "cvae":
             raise ConfigError("unknown_output is a classifier option; role 'cvae' trains no classifier")
-        if self.unknown_output and self.search.supernet is not None:
+        if self.unknown_output and _supernet(self.search) is not None:
             raise ConfigError(
                 "unknown_output needs a classifier trained from scratch; a supernet subnet starts from "
                 "weights with num_classes outputs: drop --supernet or --unknown-output"
@@ -138,7 +145,7 @@ class ClientConfig:
         set, so the reports of clients made before it existed still match; ``precision`` is written
         resolved."""
         out: dict[str, Any] = {
-            "search": dataclasses.asdict(self.search),
+            "search": self.search.to_dict(),
             "val_fraction": self.val_fraction,
             "seed": self.seed,
             "device": self.device,
@@ -157,6 +164,11 @@ class ClientConfig:
             # moved elsewhere does not (the report's "init" entry says where the file was)
             out["init"] = {"sha256": _file_sha256(self.init)}
         return out | ({"unknown_output": True} if self.unknown_output else {}) | {"precision": precision}
+
+
+def _supernet(search: SearchConfig) -> str | None:
+    """The supernet file an evolution search inherits weights from (None: none, or another strategy)."""
+    return search.supernet if isinstance(search, EvolutionConfig) else None
 
 
 def _file_sha256(path: str) -> str | None:
@@ -220,13 +232,15 @@ def smallest_classifier(
     ``fixed`` strategy, else the cheapest chain the sampler can draw (its narrowest 1x1 conv, as many 2x2
     poolings as the input and ``max_depth`` allow, then the head). For ``random-pool`` this is a lower
     bound: the pool's models are larger, and the search says so when none fits."""
-    if search.strategy == "fixed":
+    if isinstance(search, FixedConfig):
         spec = parse_arch(search.fixed_arch)
         return with_num_classes(spec, num_classes)
-    if search.strategy == "evolution" and search.supernet is not None:
+    if _supernet(search) is not None:
         return smallest()  # the elastic space's cheapest subnet
+    # random-pool draws no chains: the chain space's default depth bounds it as before the split (#19)
+    max_depth = search.max_depth if isinstance(search, PSOConfig | EvolutionConfig) else DEFAULT_MAX_DEPTH
     size, pools = min(input_shape[1], input_shape[2]), 0
-    while size >= 2 and pools < search.max_depth - 2:
+    while size >= 2 and pools < max_depth - 2:
         size, pools = size // 2, pools + 1
     layers = (Conv(min(CHANNELS), min(KERNELS)), *[Pool("max")] * pools, Dense(num_classes))
     return ChainSpec(layers).validate(input_shape)
@@ -626,9 +640,10 @@ def _train_finalists(
     rows: list[dict[str, Any]] = []
     for arch in result.finalists:
         init = None
-        if search_config.supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
+        supernet = _supernet(search_config)
+        if supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
             # HAPFNAS: the winner starts from its supernet weights and is fine-tuned locally
-            init = extract(load_supernet(search_config.supernet), ElasticSpec.parse(arch))
+            init = extract(load_supernet(supernet), ElasticSpec.parse(arch))
         trained = train_final(
             arch, train_split, val_split, epochs=shared, seed=config.seed, init=init, **common
         )  # fmt: skip
@@ -686,6 +701,7 @@ def _train_from_init(
     ``final_epochs``. Returns a search result of the ``fixed`` strategy that evaluated nothing."""
     assert config.init is not None
     search_config = config.search
+    assert isinstance(search_config, FixedConfig)  # ClientConfig refuses init with another strategy
     weights = read_initial_weights(
         config.init, input_shape=train_split.input_shape, num_classes=train_split.num_classes
     )

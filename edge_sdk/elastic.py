@@ -432,6 +432,10 @@ class ElasticFamily:
         """``spec`` itself: a subnet's head is sized by :meth:`build`, not written in the spec."""
         return spec
 
+    def problems(self, spec: ElasticSpec, input_shape: tuple[int, int, int]) -> list[str]:
+        """None: an elastic spec is checked against its space when it is parsed or sampled."""
+        return []
+
 
 ELASTIC_FAMILY = ElasticFamily()
 

@@ -260,5 +260,9 @@ class ZooFamily:
         """``spec`` itself: a zoo model's head is sized by :meth:`build`, not written in the spec."""
         return spec
 
+    def problems(self, spec: ZooSpec, input_shape: tuple[int, int, int]) -> list[str]:
+        """None before building: a zoo model adapts to any input shape (its name is checked by parse)."""
+        return []
+
 
 ZOO_FAMILY = ZooFamily()

@@ -32,7 +32,9 @@ from edge_sdk.client import ClientConfig, decoder_bundle_path, resolve_role, run
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.precision import check_precision
 from edge_sdk.profiling import usable_threads
-from edge_sdk.search import SearchConfig
+from edge_sdk.strategies.base import SearchConfig
+from edge_sdk.strategies.baselines import FixedConfig
+from edge_sdk.strategies.pso import PSOConfig
 from edge_sdk.train import release_memory
 from export.atomic import atomic_write_json
 from profiles import load_profile
@@ -56,7 +58,7 @@ class SimulateConfig:
     out_dir: Path
     profiles: tuple[str, ...] = ("laptop-cpu",)
     profile_map: Path | None = None
-    search: SearchConfig = field(default_factory=SearchConfig)
+    search: SearchConfig = field(default_factory=PSOConfig)
     cvae: CVAEConfig = field(default_factory=CVAEConfig)  # clients whose profile role is cvae (FedMHO)
     unknown_output: bool = False  # classifier clients train FedOV's "unknown" output
     # classifier devices also train and upload a CVAE decoder where it fits (role auto -> both); False:
@@ -107,6 +109,7 @@ class SimulateConfig:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        data["search"] = self.search.to_dict()  # the strategy's name is no field of its config
         data["out_dir"] = str(self.out_dir)
         data["profile_map"] = str(self.profile_map) if self.profile_map else None
         return data
@@ -132,7 +135,7 @@ def _fedmho_fields(dataset: str) -> dict[str, Any]:
         "profiles": ("laptop-cpu", "wearable"),
         "decoders": False,
         "shared_init": True,
-        "search": SearchConfig(strategy="fixed", fixed_arch=FEDMHO_ARCH, final_epochs=FEDMHO_EPOCHS),
+        "search": FixedConfig(fixed_arch=FEDMHO_ARCH, final_epochs=FEDMHO_EPOCHS),
         "cvae": table3(CVAEConfig.preset),
         "aggregate": AggregateConfig(
             synth=("decoder",),
@@ -279,7 +282,7 @@ def _shared_init(config: SimulateConfig, roles: list[str], test_path: Path) -> P
     from edge_sdk.data import load_client_data
     from edge_sdk.shared_init import write_initial_weights
 
-    if not config.shared_init or config.search.strategy != "fixed" or set(roles) <= {"cvae"}:
+    if not config.shared_init or not isinstance(config.search, FixedConfig) or set(roles) <= {"cvae"}:
         return None
     path = config.out_dir / "init.onnx"
     task = load_client_data(test_path)

@@ -12,14 +12,14 @@ import pytest
 from common.errors import ConfigError
 from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.data import load_dataset
-from edge_sdk.search import SearchConfig
+from edge_sdk.strategies.pso import PSOConfig
 from export.bundle import read_bundle
 from profiles import load_profile
 
 
 def test_run_client_keeps_the_most_accurate_finalist(tmp_path: Path) -> None:
     data = load_dataset("digits").subset(np.arange(600))
-    search = SearchConfig(particles=3, iterations=1, max_depth=5, max_train_samples=100, final_epochs=4)
+    search = PSOConfig(particles=3, iterations=1, max_depth=5, max_train_samples=100, final_epochs=4)
     config = ClientConfig(search=search, seed=3, role="classifier")
     result = run_client(data, profile=load_profile("laptop-cpu"), config=config, out=tmp_path / "c.bundle")
     report = json.loads(result.report_path.read_text())
@@ -43,7 +43,7 @@ def test_run_client_keeps_the_most_accurate_finalist(tmp_path: Path) -> None:
 
 def test_finalist_share_one_trains_every_finalist_fully(tmp_path: Path) -> None:
     data = load_dataset("digits").subset(np.arange(400))
-    search = SearchConfig(
+    search = PSOConfig(
         particles=3, iterations=0, max_depth=4, max_train_samples=100, final_epochs=2, finalist_share=1.0
     )
     result = run_client(
@@ -59,14 +59,14 @@ def test_finalist_share_one_trains_every_finalist_fully(tmp_path: Path) -> None:
 
 
 def test_finalist_epochs_rule() -> None:
-    assert SearchConfig().finalist_epochs() == 2  # a quarter of 8
-    assert SearchConfig(final_epochs=3).finalist_epochs() == 1
-    assert SearchConfig(final_epochs=3, finalist_share=1.0).finalist_epochs() == 3
-    assert SearchConfig(finalists=1).finalist_epochs() == 8
-    assert SearchConfig(final_epochs=0).finalist_epochs() == 0
+    assert PSOConfig().finalist_epochs() == 2  # a quarter of 8
+    assert PSOConfig(final_epochs=3).finalist_epochs() == 1
+    assert PSOConfig(final_epochs=3, finalist_share=1.0).finalist_epochs() == 3
+    assert PSOConfig(finalists=1).finalist_epochs() == 8
+    assert PSOConfig(final_epochs=0).finalist_epochs() == 0
     for bad in (0.0, 1.5, True, "half"):
         with pytest.raises(ConfigError, match="finalist_share"):
-            SearchConfig(finalist_share=bad)  # type: ignore[arg-type]
+            PSOConfig(finalist_share=bad)  # type: ignore[arg-type]
 
 
 def test_one_standard_error_rule_prefers_the_cheaper_of_near_ties() -> None:

@@ -29,7 +29,8 @@ from edge_sdk.cvae import (
     train_cvae,
 )
 from edge_sdk.data import ArrayDataset, load_dataset, save_client_data
-from edge_sdk.search import SearchConfig
+from edge_sdk.strategies.baselines import FixedConfig
+from edge_sdk.strategies.pso import PSOConfig
 from export.bundle import read_bundle
 from export.onnx_export import (
     OPSET,
@@ -269,7 +270,7 @@ def test_training_lowers_loss_and_is_deterministic(digits: ArrayDataset) -> None
 
 
 def test_auto_role() -> None:
-    search = SearchConfig()
+    search = PSOConfig()
     assert resolve_role("auto", load_profile("wearable"), (1, 28, 28), 10, search) == "cvae"
     assert resolve_role("auto", load_profile("raspberry-pi-zero-2w"), (1, 28, 28), 10, search) == "classifier"
     assert resolve_role("cvae", load_profile("laptop-cpu"), (1, 28, 28), 10, search) == "cvae"
@@ -280,8 +281,8 @@ def test_auto_role() -> None:
     tiny = DeviceProfile(name="tiny", memory_mb=64, gflops=1.0, max_flops=10_000, max_params=100_000)
     assert str(smallest_classifier((1, 28, 28), 10, search)) == "C8k1-P-P-P-P-F10"  # 12,704 FLOPs
     assert resolve_role("auto", tiny, (1, 28, 28), 10, search) == "cvae"
-    assert str(smallest_classifier((1, 28, 28), 10, SearchConfig(max_depth=4))) == "C8k1-P-P-F10"
-    fixed = SearchConfig(strategy="fixed", fixed_arch="C16k5-P-C32k5-P-F7")
+    assert str(smallest_classifier((1, 28, 28), 10, PSOConfig(max_depth=4))) == "C8k1-P-P-F10"
+    fixed = FixedConfig(fixed_arch="C16k5-P-C32k5-P-F7")
     assert str(smallest_classifier((1, 28, 28), 10, fixed)) == "C16k5-P-C32k5-P-F10"
     assert resolve_role("auto", load_profile("raspberry-pi-zero-2w"), (1, 28, 28), 10, fixed) == "cvae"
     with pytest.raises(ConfigError, match="role must be one of"):
@@ -310,7 +311,7 @@ def test_run_client_cvae_writes_decoder_bundle(digits: ArrayDataset, tmp_path: P
 
 
 def test_run_client_both_and_budget(digits: ArrayDataset, tmp_path: Path) -> None:
-    search = SearchConfig(strategy="fixed", fixed_arch="C8k3-P-F10", final_epochs=1)
+    search = FixedConfig(fixed_arch="C8k3-P-F10", final_epochs=1)
     config = ClientConfig(role="both", search=search, cvae=CVAEConfig(epochs=1))
     out = tmp_path / "c.bundle"
     result = run_client(digits, profile=load_profile("laptop-cpu"), config=config, out=out)

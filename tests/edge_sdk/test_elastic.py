@@ -26,9 +26,9 @@ from edge_sdk.elastic import (
     save_supernet,
     smallest,
 )
-from edge_sdk.evolution import recalibrate_bn
 from edge_sdk.profiling import count_flops
 from edge_sdk.search import search
+from edge_sdk.strategies.supernet_proxy import recalibrate_bn
 from export.onnx_export import export_onnx
 from server_kit.hetero_avg import hetero_avg
 from server_kit.supernet import SupernetConfig, train_supernet

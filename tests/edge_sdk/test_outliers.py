@@ -12,7 +12,7 @@ from common.errors import ConfigError
 from edge_sdk.client import ClientConfig, bundle_model, load_trained_model, save_trained_model, train_final
 from edge_sdk.data import load_dataset, split_train_val
 from edge_sdk.outliers import make_outliers
-from edge_sdk.search import SearchConfig
+from edge_sdk.strategies.evolution import EvolutionConfig
 from export.bundle import read_bundle
 from profiles import load_profile
 
@@ -81,7 +81,7 @@ def test_unknown_output_is_refused_where_it_cannot_apply() -> None:
     with pytest.raises(ConfigError, match="role 'cvae'"):
         ClientConfig(role="cvae", unknown_output=True)
     with pytest.raises(ConfigError, match="supernet"):
-        ClientConfig(search=SearchConfig(supernet="s.pt"), unknown_output=True)
+        ClientConfig(search=EvolutionConfig(supernet="s.pt"), unknown_output=True)
     assert ClientConfig(unknown_output=True).to_dict()["unknown_output"] is True
     assert "unknown_output" not in ClientConfig().to_dict()  # older client reports still match a resume
 

@@ -11,20 +11,16 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-import edge_sdk.search as search_module
+import edge_sdk.strategies.evaluator as evaluator_module
 from common.errors import BudgetError, ConfigError
 from edge_sdk.arch import parse_arch
 from edge_sdk.chain import MAX_DEPTH, MIN_DEPTH, ChainSpec, Conv, Dense, Pool
 from edge_sdk.data import ArrayDataset
-from edge_sdk.search import (
-    CHANNELS,
-    HIDDEN_UNITS,
-    KERNELS,
-    SearchConfig,
-    align,
-    sample_spec,
-    search,
-)
+from edge_sdk.search import STRATEGIES, build_search_config, replace_search_config, search
+from edge_sdk.spaces.chain import CHANNELS, HIDDEN_UNITS, KERNELS, align, sample_spec
+from edge_sdk.strategies.base import SearchConfig
+from edge_sdk.strategies.baselines import FixedConfig
+from edge_sdk.strategies.pso import PSOConfig
 from profiles import DeviceProfile
 
 SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32), (1, 2, 2), (1, 1, 1)]
@@ -49,21 +45,23 @@ def _profile(**overrides: object) -> DeviceProfile:
     return DeviceProfile(**(values | overrides))  # type: ignore[arg-type]
 
 
-def _fast(**overrides: object) -> SearchConfig:
-    return SearchConfig.preset("fast", **({"particles": 3, "iterations": 2, "max_depth": 5} | overrides))
+def _fast(strategy: str = "pso", **overrides: object) -> SearchConfig:
+    """The fast preset of ``strategy``; PSO with a small swarm of short chains."""
+    small = {"particles": 3, "iterations": 2, "max_depth": 5} if strategy == "pso" else {}
+    return build_search_config("fast", strategy=strategy, **(small | overrides))
 
 
 @pytest.fixture
 def trained_specs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """Record (spec, training samples) of every candidate the search actually trains."""
     seen: list[tuple[str, int]] = []
-    real_train = search_module.train
+    real_train = evaluator_module.train
 
     def spy(model, data, **kwargs):  # type: ignore[no-untyped-def]
         seen.append((str(model.spec), len(data)))
         return real_train(model, data, **kwargs)
 
-    monkeypatch.setattr(search_module, "train", spy)
+    monkeypatch.setattr(evaluator_module, "train", spy)
     return seen
 
 
@@ -256,7 +254,7 @@ def test_warm_start_particle(digits) -> None:  # type: ignore[no-untyped-def]
     none = search(train, val, profile=_profile(max_params=2_500), config=wide, seed=0)
     assert none.evaluations[0].spec not in {f"C{c}k3-C{c}k3-F10" for c in (64, 32, 16, 8)}
     assert math.isfinite(none.best_fitness)
-    assert not SearchConfig.preset("paper").warm_start
+    assert not PSOConfig.preset("paper").warm_start
 
 
 def test_finalists(digits) -> None:  # type: ignore[no-untyped-def]
@@ -274,7 +272,7 @@ def test_finalists(digits) -> None:  # type: ignore[no-untyped-def]
     # a warm-start spec whose short-training fitness ranks it last still competes in the final ranking
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(
-            search_module._Evaluator,
+            evaluator_module.Evaluator,
             "_fitness",
             lambda self, spec, key: 9.0 if key == "C8k3-P-F10" else 1.0 + len(key) / 100,
         )
@@ -287,9 +285,9 @@ def test_finalists(digits) -> None:  # type: ignore[no-untyped-def]
     assert "C8k3-P-F10" not in cold.finalists
     fixed = search(train, val, profile=_profile(), config=_fast(strategy="fixed"), seed=0)
     assert fixed.finalists == (fixed.best_spec,)
-    assert SearchConfig.preset("paper").finalists == 1
+    assert PSOConfig.preset("paper").finalists == 1
     with pytest.raises(ConfigError, match="finalists"):
-        SearchConfig(finalists=0)
+        PSOConfig(finalists=0)
 
 
 def test_repeats_keep_the_best(digits) -> None:  # type: ignore[no-untyped-def]
@@ -339,12 +337,13 @@ def test_random_pool_strategy(digits) -> None:  # type: ignore[no-untyped-def]
 )
 def test_config_validation(overrides: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        SearchConfig.preset("fast", **overrides)
+        build_search_config("fast", **overrides)  # type: ignore[arg-type]
 
 
 def test_presets() -> None:
-    assert SearchConfig.preset("fast") == SearchConfig()
-    paper = SearchConfig.preset("paper")
+    assert build_search_config("fast") == PSOConfig()
+    paper = build_search_config("paper")
+    assert isinstance(paper, PSOConfig)
     assert (paper.particles, paper.iterations, paper.epochs, paper.repeats, paper.final_epochs) == (
         20,
         10,
@@ -358,9 +357,9 @@ def test_presets() -> None:
         MAX_DEPTH,
         None,
     )
-    assert SearchConfig.preset("paper", repeats=2).repeats == 2
+    assert PSOConfig.preset("paper", repeats=2).repeats == 2
     with pytest.raises(ConfigError, match="unknown search preset"):
-        SearchConfig.preset("slow")
+        build_search_config("slow")
 
 
 def test_training_time_is_part_of_the_budget(digits, trained_specs) -> None:  # type: ignore[no-untyped-def]
@@ -379,3 +378,80 @@ def test_training_time_is_part_of_the_budget(digits, trained_specs) -> None:  # 
     assert not {e.spec for e in slow} & {spec for spec, _ in trained_specs}
     with pytest.raises(BudgetError, match="tightest budget: time_budget_s"):
         search(train, val, profile=_profile(time_budget_s=1e-6), config=config, seed=0)
+
+
+# ------------------------------------------------------------------------------- per-strategy configs
+
+
+def test_registry_names_match_the_configs() -> None:
+    assert list(STRATEGIES) == ["pso", "fixed", "random-pool", "evolution"]
+    for name, strategy in STRATEGIES.items():
+        assert strategy.config.strategy == name and issubclass(strategy.config, SearchConfig)
+    with pytest.raises(ConfigError, match="shared options"):
+        SearchConfig()
+
+
+def test_an_option_of_another_strategy_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"'particles' does not apply to strategy 'fixed'.*pso"):
+        build_search_config(strategy="fixed", particles=3)
+    with pytest.raises(ConfigError, match=r"'supernet' does not apply to strategy 'pso'.*evolution"):
+        build_search_config(supernet="s.pt")
+    with pytest.raises(ConfigError, match="'fixed_arch' does not apply to strategy 'random-pool'"):
+        replace_search_config(PSOConfig(), strategy="random-pool", fixed_arch="C8k3-P-F10")
+    with pytest.raises(TypeError):
+        FixedConfig(particles=3)  # type: ignore[call-arg]
+
+
+def test_replace_switches_strategy_keeping_the_shared_options() -> None:
+    base = FixedConfig(fixed_arch="C8k3-P-F10", final_epochs=10, lr=3e-3)
+    pso = replace_search_config(base, strategy="pso", particles=4)
+    assert pso == PSOConfig(fixed_arch="C8k3-P-F10", final_epochs=10, lr=3e-3, particles=4)
+    evolution = replace_search_config(pso, strategy="evolution")
+    assert (evolution.strategy, evolution.final_epochs, evolution.lr) == ("evolution", 10, 3e-3)
+    assert replace_search_config(base, final_epochs=2) == dataclasses.replace(base, final_epochs=2)
+
+
+def test_record_keeps_the_single_config_shape() -> None:
+    """The default PSO config records exactly what the one SearchConfig of before the split recorded, so
+    a client's resume key is unchanged; other strategies fill the foreign keys with those defaults."""
+    old_default = {
+        "strategy": "pso",
+        "particles": 6,
+        "iterations": 3,
+        "epochs": 1,
+        "repeats": 1,
+        "final_epochs": 8,
+        "cg": 0.5,
+        "lr": 1e-3,
+        "batch_size": 64,
+        "fixed_arch": "C32k5-P-C64k5-P-F10",
+        "max_train_samples": 2000,
+        "max_depth": 10,
+        "population": 24,
+        "mutations": 12,
+        "crossovers": 12,
+        "generations": 5,
+        "reevaluate": 3,
+        "supernet": None,
+        "calib_batches": 8,
+        "warm_start": True,
+        "finalists": 3,
+        "finalist_share": 0.25,
+    }
+    assert PSOConfig().to_dict() == old_default
+    assert list(PSOConfig().to_dict()) == list(old_default)
+    fixed = FixedConfig(fixed_arch="C8k3-P-F10", final_epochs=1).to_dict()
+    assert fixed == old_default | {"strategy": "fixed", "fixed_arch": "C8k3-P-F10", "final_epochs": 1}
+    for strategy in STRATEGIES.values():  # every field's default is the old default
+        assert strategy.config.preset("fast").to_dict() == old_default | {
+            "strategy": strategy.config.strategy
+        }
+
+
+def test_evolution_draws_chains_up_to_max_depth(digits) -> None:  # type: ignore[no-untyped-def]
+    """The chain space of evolution is bounded by the configured max_depth (it was fixed at 10)."""
+    train, val = digits
+    knobs = dict(population=4, mutations=4, crossovers=4, generations=1, reevaluate=1, max_train_samples=100)
+    result = search(train, val, profile=_profile(), config=_fast("evolution", max_depth=4, **knobs), seed=0)
+    assert result.evaluations and all(len(parse_arch(e.spec).layers) <= 4 for e in result.evaluations)
+    assert build_search_config("paper", strategy="evolution").max_depth == MAX_DEPTH  # type: ignore[attr-defined]

@@ -15,8 +15,8 @@ from common.seeding import seeded
 from edge_sdk.arch import build_model
 from edge_sdk.client import ClientConfig, run_client, save_trained_model, train_final
 from edge_sdk.data import load_dataset, split_train_val
-from edge_sdk.search import SearchConfig
 from edge_sdk.shared_init import initial_weights, read_initial_weights
+from edge_sdk.strategies.baselines import FixedConfig
 from export.bundle import read_bundle
 from profiles import load_profile
 from server_kit.evaluate import evaluate_module
@@ -64,17 +64,17 @@ def test_init_is_refused_with_a_searching_strategy_or_role_cvae(tmp_path: Path) 
     with pytest.raises(ConfigError, match="fix the architecture"):
         ClientConfig(init=path)  # strategy pso
     with pytest.raises(ConfigError, match="role 'cvae'"):
-        ClientConfig(init=path, role="cvae", search=SearchConfig(strategy="fixed", fixed_arch=ARCH))
+        ClientConfig(init=path, role="cvae", search=FixedConfig(fixed_arch=ARCH))
 
 
 def test_mismatched_architecture_or_budget_is_refused(tmp_path: Path) -> None:
     digits = load_dataset("digits").subset(np.arange(300))
     path = str(_write(tmp_path))
-    other = SearchConfig(strategy="fixed", fixed_arch="C16k3-P-F10", final_epochs=1)
+    other = FixedConfig(fixed_arch="C16k3-P-F10", final_epochs=1)
     config = ClientConfig(init=path, role="classifier", search=other)
     with pytest.raises(ConfigError, match="configured architecture is C16k3-P-F10"):
         run_client(digits, profile=load_profile("laptop-cpu"), config=config, out=tmp_path / "a.bundle")
-    same = SearchConfig(strategy="fixed", fixed_arch=ARCH, final_epochs=1)
+    same = FixedConfig(fixed_arch=ARCH, final_epochs=1)
     config = ClientConfig(init=path, role="classifier", search=same)
     tiny = load_profile("laptop-cpu")
     tiny = dataclasses.replace(tiny, max_params=100)
@@ -83,7 +83,7 @@ def test_mismatched_architecture_or_budget_is_refused(tmp_path: Path) -> None:
 
 
 def _client(tmp_path: Path, name: str, data, init: Path | None, seed: int) -> Path:
-    search = SearchConfig(strategy="fixed", fixed_arch=ARCH, final_epochs=10)
+    search = FixedConfig(fixed_arch=ARCH, final_epochs=10)
     config = ClientConfig(
         search=search, seed=seed, role="classifier", init=None if init is None else str(init)
     )

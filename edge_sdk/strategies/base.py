@@ -1,0 +1,129 @@
+"""The options every search strategy shares, and the record a client report keeps of them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+from common.checks import check_int, from_preset
+from common.errors import ConfigError, SpecError
+from edge_sdk.arch import parse_arch
+
+__all__ = ["RECORD_DEFAULTS", "SHARED_PRESETS", "SearchConfig", "check_arch"]
+
+# The presets' values of the shared fields (``fast`` = the defaults; ``paper`` = pFedZKD section 4.1.2).
+SHARED_PRESETS: dict[str, dict[str, Any]] = {
+    "fast": {},
+    "paper": {"epochs": 10, "final_epochs": 50, "max_train_samples": None},
+}
+
+# A search config's record (client reports, resume keys) keeps the shape of the one SearchConfig that
+# held every strategy's options before the per-strategy configs (#19): each key below, the config's own
+# fields at their values and the other strategies' at their old defaults, so the report of a run made
+# before the split still matches its config on resume. (The old ``paper`` preset also set some of the
+# other strategies' fields; those records differ.)
+RECORD_DEFAULTS: dict[str, Any] = {
+    "strategy": "pso",
+    "particles": 6,
+    "iterations": 3,
+    "epochs": 1,
+    "repeats": 1,
+    "final_epochs": 8,
+    "cg": 0.5,
+    "lr": 1e-3,
+    "batch_size": 64,
+    "fixed_arch": "C32k5-P-C64k5-P-F10",
+    "max_train_samples": 2000,
+    "max_depth": 10,
+    "population": 24,
+    "mutations": 12,
+    "crossovers": 12,
+    "generations": 5,
+    "reevaluate": 3,
+    "supernet": None,
+    "calib_batches": 8,
+    "warm_start": True,
+    "finalists": 3,
+    "finalist_share": 0.25,
+}
+
+
+def check_arch(name: str, text: object) -> None:
+    """``text`` must parse as an architecture spec (:func:`edge_sdk.arch.parse_arch`)."""
+    if not isinstance(text, str):
+        raise ConfigError(f"{name} must be an architecture spec string, got {text!r}")
+    try:
+        parse_arch(text)
+    except SpecError as err:
+        raise ConfigError(f"{name} {text!r} is not a valid spec: {err}") from err
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    """Options of candidate training and of the final training, shared by every strategy.
+
+    A strategy's config subclasses this with its own fields (:class:`edge_sdk.strategies.pso.PSOConfig`,
+    ...); ``strategy`` names it in :data:`edge_sdk.search.STRATEGIES`. The defaults are the ``fast``
+    preset; ``preset("paper")`` is pFedZKD section 4.1.2.
+
+    Attributes:
+        epochs: training epochs per candidate (fitness evaluation).
+        final_epochs: epochs the client trains the winner for afterwards (read by the client).
+        lr, batch_size: Adam settings of candidate and final training (also the batch of the memory
+            estimate).
+        max_train_samples: train each candidate on a seeded random subset this large (None = the whole
+            split). A speed knob: fitness is still measured on the whole validation split. The fast
+            default of 2000 keeps a 6,000-image MNIST client's search to a few minutes on 2 CPU cores.
+    """
+
+    strategy: ClassVar[str]
+    # the strategy's own preset values, merged over SHARED_PRESETS
+    own_presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    epochs: int = 1
+    final_epochs: int = 8
+    lr: float = 1e-3
+    batch_size: int = 64
+    max_train_samples: int | None = 2000
+
+    def __post_init__(self) -> None:
+        if type(self) is SearchConfig:
+            raise ConfigError("SearchConfig holds the shared options; build a strategy's config instead")
+        check_int("epochs", self.epochs, 1)
+        check_int("final_epochs", self.final_epochs, 0)
+        check_int("batch_size", self.batch_size, 1)
+        if self.max_train_samples is not None:
+            check_int("max_train_samples", self.max_train_samples, 1)
+        if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr must be a positive finite number, got {self.lr!r}")
+
+    def finalist_epochs(self) -> int:
+        """Epochs every finalist trains before all but the best stop (``final_epochs``: one finalist)."""
+        return self.final_epochs
+
+    def final_training_epochs(self) -> int:
+        """Epochs of final training the device pays for one finalist: its own and the shared ones of the
+        others (the time budget screens candidates on this)."""
+        return self.final_epochs
+
+    def rng_streams(self) -> int:
+        """Independent random streams the strategy draws from (PSO: one per repeat)."""
+        return 1
+
+    def planned_candidates(self) -> int:
+        """Evaluations the progress bar expects."""
+        return 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record of this config: :data:`RECORD_DEFAULTS`' keys (see there why), JSON-friendly."""
+        own = {"strategy": self.strategy} | dataclasses.asdict(self)
+        assert set(own) <= set(RECORD_DEFAULTS), sorted(set(own) - set(RECORD_DEFAULTS))
+        return {key: own.get(key, default) for key, default in RECORD_DEFAULTS.items()}
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> Self:
+        """The named preset (``fast`` or ``paper``) of this strategy, with any field overridden by keyword."""
+        presets = {key: values | cls.own_presets.get(key, {}) for key, values in SHARED_PRESETS.items()}
+        return from_preset(cls, presets, name, "search", **overrides)

@@ -1,0 +1,218 @@
+"""Predictor-guided evolution (HAPFNAS Algorithm 2) over a search space (:mod:`edge_sdk.spaces`).
+
+Cost and budget screening go through the shared evaluator, so every space obeys the same device budget.
+
+* elastic space (:mod:`edge_sdk.spaces.elastic`) with a supernet: a candidate's fitness is the
+  validation cross-entropy of its subnet with inherited weights after BatchNorm recalibration on the
+  local training split (:func:`~edge_sdk.strategies.supernet_proxy.supernet_proxy`): no training at all.
+* chain space (:mod:`edge_sdk.spaces.chain`, up to ``max_depth`` modules) without a supernet: the
+  fitness is the short training of PSO (candidate-epochs), so the two strategies can be compared at
+  equal candidate-epochs.
+
+The initial population is reject-sampled under the budget and evaluated for real; a random forest
+(:func:`~edge_sdk.strategies.predictor.predictor`) is fitted on (encoded spec, fitness); each generation
+adds ``mutations`` mutants and ``crossovers`` children (budget-checked) scored by the predictor, and
+keeps the best ``population``. The best ``reevaluate`` distinct specs are then evaluated for real and
+the best of those wins. The predictor's Spearman / Kendall rank correlation on a held-out fifth of the
+initial population is reported, so its quality is measured on every run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from common.checks import check_int
+from common.errors import BudgetError, ConfigError
+from edge_sdk.arch import ArchSpec
+from edge_sdk.chain import MAX_DEPTH
+from edge_sdk.elastic import load_supernet
+from edge_sdk.spaces.chain import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth
+from edge_sdk.spaces.elastic import ElasticSpace
+from edge_sdk.spaces.registry import SearchSpace
+from edge_sdk.strategies.base import SearchConfig
+from edge_sdk.strategies.evaluator import Evaluator, Found
+from edge_sdk.strategies.predictor import predictor, rank_correlation
+from edge_sdk.strategies.supernet_proxy import supernet_proxy
+
+__all__ = ["SAMPLE_ATTEMPTS", "EvolutionConfig", "evolve", "run"]
+
+SAMPLE_ATTEMPTS = 50  # per wanted candidate: bounded reject sampling
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvolutionConfig(SearchConfig):
+    """Evolution's options over the shared ones (:class:`~edge_sdk.strategies.base.SearchConfig`).
+
+    Attributes:
+        population, mutations, crossovers, generations, reevaluate: N_pop, N_m, N_c, generations and
+            the finalists evaluated for real; the paper preset is 256/128/128/20.
+        max_depth: longest chain the chain space draws (3..20; the elastic space has its own bounds).
+        supernet: path of a supernet file (``server-kit supernet``): evolution then searches the elastic
+            space with inherited weights; None searches the chain space by short training.
+        calib_batches: BatchNorm recalibration batches per elastic candidate.
+    """
+
+    strategy: ClassVar[str] = "evolution"
+    own_presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "paper": {
+            "max_depth": MAX_DEPTH,
+            "population": 256,
+            "mutations": 128,
+            "crossovers": 128,
+            "generations": 20,
+        },
+    }
+
+    population: int = 24
+    mutations: int = 12
+    crossovers: int = 12
+    generations: int = 5
+    reevaluate: int = 3
+    max_depth: int = DEFAULT_MAX_DEPTH
+    supernet: str | None = None
+    calib_batches: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_max_depth(self.max_depth)
+        for name in ("population", "reevaluate", "calib_batches"):
+            check_int(name, getattr(self, name), 1)
+        for name in ("mutations", "crossovers", "generations"):
+            check_int(name, getattr(self, name), 0)
+        if self.supernet is not None and not isinstance(self.supernet, str):
+            raise ConfigError(f"supernet must be a file path or None, got {self.supernet!r}")
+
+    def planned_candidates(self) -> int:
+        return self.population + self.reevaluate
+
+
+def run(ev: Evaluator, config: EvolutionConfig, seeds: list[np.random.SeedSequence]) -> Found:
+    """Evolution over the elastic space with ``config.supernet``, else over the chain space."""
+    space: SearchSpace = ChainSpace(max_depth=config.max_depth)
+    if config.supernet is not None:
+        supernet = load_supernet(config.supernet)
+        if (supernet.input_shape, supernet.num_classes) != (ev.input_shape, ev.num_classes):
+            raise ConfigError(
+                f"supernet {config.supernet} is for {supernet.num_classes} classes of "
+                f"{supernet.input_shape}, the data is {ev.num_classes} classes of {ev.input_shape}"
+            )
+        ev.proxy = supernet_proxy(
+            supernet, ev.train_split, ev.val_split, batches=config.calib_batches, seed=ev.seed
+        )
+        space = ElasticSpace()
+
+    def evaluate_spec(spec: ArchSpec) -> tuple[float, str | None]:
+        result = ev.evaluate(spec)
+        ev.bar.update(1)
+        ev.bar.set_postfix(rejected=ev.rejected, cached=ev.cache_hits)
+        return result.fitness, result.rejected
+
+    best, fitness, details = evolve(
+        space,
+        evaluate_spec,
+        np.random.default_rng(seeds[0]),
+        input_shape=ev.input_shape,
+        num_classes=ev.num_classes,
+        population=config.population,
+        mutations=config.mutations,
+        crossovers=config.crossovers,
+        generations=config.generations,
+        reevaluate=config.reevaluate,
+        admits=lambda spec: ev.screen(spec)[3] is None,
+        seed=ev.seed,
+    )
+    return Found(repeats_best=[(best, fitness)], details=details)
+
+
+def evolve(
+    space: SearchSpace,
+    evaluate_spec: Callable[[ArchSpec], tuple[float, str | None]],
+    rng: np.random.Generator,
+    *,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    population: int,
+    mutations: int,
+    crossovers: int,
+    generations: int,
+    reevaluate: int,
+    admits: Callable[[ArchSpec], bool],
+    seed: int,
+) -> tuple[ArchSpec, float, dict[str, Any]]:
+    """Run Algorithm 2; returns (best spec, its real fitness, details for the search report).
+
+    ``evaluate_spec(spec) -> (fitness, rejection or None)`` is the real (cached) evaluation;
+    ``admits(spec)`` is the cheap budget screen used for every generated candidate.
+    """
+
+    def draw(make: Callable[[], ArchSpec]) -> ArchSpec | None:
+        for _ in range(SAMPLE_ATTEMPTS):
+            spec = make()
+            if admits(spec):
+                return spec
+        return None
+
+    pool: dict[str, tuple[ArchSpec, float]] = {}  # real fitness of the initial population
+    for _ in range(population):
+        spec = draw(lambda: space.sample(rng, input_shape, num_classes))
+        if spec is None:
+            break
+        fitness, rejected = evaluate_spec(spec)
+        if rejected is None:
+            pool[str(spec)] = (spec, fitness)
+    finite = [(s, f) for s, f in pool.values() if np.isfinite(f)]
+    if not finite:
+        raise BudgetError(
+            f"the device budget admits no architecture of the {space.name} space among "
+            f"{population * SAMPLE_ATTEMPTS} samples; raise the budget or use another space"
+        )
+    x = np.stack([space.encode(s) for s, _ in finite])
+    y = np.asarray([f for _, f in finite], dtype=np.float64)
+    n_held = max(3, len(finite) // 5) if len(finite) >= 8 else 0  # a fifth, and at least 3 to rank
+    held = np.random.default_rng(seed).permutation(len(finite))[:n_held]
+    keep = np.setdiff1d(np.arange(len(finite)), held)
+    details: dict[str, Any] = {
+        "space": space.name,
+        "initial_population": len(finite),
+        "predictor_heldout": {"spearman": None, "kendall": None, "n": 0},
+    }
+    if n_held:
+        probe = predictor(seed).fit(x[keep], y[keep])
+        details["predictor_heldout"] = rank_correlation(probe.predict(x[held]), y[held])
+    forest = predictor(seed).fit(x, y)
+
+    scored = {str(s): (s, f) for s, f in finite}  # spec -> (spec, fitness: real or predicted)
+    current = sorted(scored.values(), key=lambda item: item[1])[:population]
+    for _ in range(generations):
+        children: list[ArchSpec] = []
+        for _ in range(mutations):
+            parent = current[int(rng.integers(len(current)))][0]
+            child = draw(lambda p=parent: space.mutate(p, rng, input_shape))
+            if child is not None:
+                children.append(child)
+        for _ in range(crossovers):
+            a = current[int(rng.integers(len(current)))][0]
+            b = current[int(rng.integers(len(current)))][0]
+            child = draw(lambda a=a, b=b: space.crossover(a, b, rng, input_shape))
+            if child is not None:
+                children.append(child)
+        fresh = [c for c in children if str(c) not in scored]
+        if fresh:
+            predicted = forest.predict(np.stack([space.encode(c) for c in fresh]))
+            for child, value in zip(fresh, predicted, strict=True):
+                scored[str(child)] = (child, float(value))
+        merged = {str(s): (s, f) for s, f in current} | {str(c): scored[str(c)] for c in children}
+        current = sorted(merged.values(), key=lambda item: item[1])[:population]
+
+    finalists = [s for s, _ in current[:reevaluate]]
+    real = [(s, evaluate_spec(s)[0]) for s in finalists]  # cached for initial members
+    best, best_fitness = min(real, key=lambda item: item[1])
+    details |= {
+        "explored": len(scored),
+        "finalists": [{"spec": str(s), "fitness": float(f)} for s, f in real],
+    }
+    return best, float(best_fitness), details

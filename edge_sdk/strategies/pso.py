@@ -1,0 +1,217 @@
+"""PSO-FedNAS (pFedZKD, Algorithm 2): a swarm of chain specs (:mod:`edge_sdk.spaces.chain`).
+
+Each candidate is trained a few epochs on the local training split; its fitness is the cross-entropy on
+the local validation split (lower is better). Every iteration, particle i draws a target layer by layer
+from the global best (probability ``cg``) or its personal best, then moves onto it with the alignment
+operator :func:`~edge_sdk.spaces.chain.align`. ``repeats`` independent swarms run and the best spec over
+all of them wins; the client then trains the ``finalists`` best specs and keeps the most accurate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from common.checks import check_int
+from common.errors import ConfigError, SpecError
+from edge_sdk.arch import family_of, parse_arch
+from edge_sdk.chain import CHAIN_FAMILY, MAX_DEPTH, ChainSpec, Conv, Dense, Layer
+from edge_sdk.spaces.chain import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth
+from edge_sdk.strategies.base import SearchConfig, check_arch
+from edge_sdk.strategies.evaluator import Evaluation, Evaluator, Found
+
+__all__ = ["INIT_ATTEMPTS", "WARM_NARROWINGS", "PSOConfig", "run"]
+
+INIT_ATTEMPTS = 50  # samples per initial particle before giving up on the budget
+WARM_NARROWINGS = 3  # halvings of the warm-start architecture's widths tried before a random particle 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PSOConfig(SearchConfig):
+    """PSO's options over the shared ones (:class:`~edge_sdk.strategies.base.SearchConfig`).
+
+    Attributes:
+        particles: swarm size N.
+        iterations: PSO generations after the initial swarm.
+        repeats: independent swarms; the best spec over all of them is returned.
+        cg: probability that a target layer comes from the global best rather than the personal best.
+        max_depth: longest chain the sampler draws (3..20). Shorter chains train faster; PSO never grows
+            a particle past the longer of its two guides, so this bounds the whole search.
+        fixed_arch: the warm-start architecture: the ``fixed`` baseline's default (CNN1), so the swarm
+            competes with the baseline it is compared against.
+        warm_start: ours, not in Algorithm 2: particle 0 of every swarm starts at ``fixed_arch`` (a
+            chain spec; when the budget rejects it, its widths are halved until it fits, at most
+            :data:`WARM_NARROWINGS` times) instead of a random spec, so the swarm's global best is never
+            worse by fitness than that baseline and the other particles are pulled toward it. The
+            ``paper`` preset turns it off.
+        finalists: ours, not in Algorithm 2: PSO returns its ``finalists`` best distinct specs by
+            fitness (with a warm start the warm-start spec is always one of them, taking the last place
+            if its fitness ranks it lower) and the client trains each for ``final_epochs``, keeping the
+            most accurate on the validation split.
+            Short-training fitness misranks candidates whose curves cross later (measured on MNIST:
+            CNN1 lost to a chain that ended 1.4 points below it); this buys the final ranking for
+            ``finalists - 1`` extra final trainings. 1 = Algorithm 2 (``paper``).
+        finalist_share: ours, successive halving of the finalists: each trains
+            :meth:`finalist_epochs` (this share of ``final_epochs``, at least one) on the whole training
+            split, and one goes on to ``final_epochs``: the cheapest within one standard error of the
+            most accurate on validation (``edge_sdk.client``). 1.0 trains every finalist fully.
+            Measured on the MNIST clients (benchmarks/RESULTS.md, "Speed"): the three full trainings
+            cost 2.5x the winner's alone, while the finalists' validation accuracies spanned 0-1.8
+            points (median 0.55); a quarter of the epochs on all the data is 4-10x the data the
+            search's fitness saw, and the cost falls from 3 to 1.5 final trainings.
+    """
+
+    strategy: ClassVar[str] = "pso"
+    own_presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "paper": {
+            "particles": 20,
+            "iterations": 10,
+            "repeats": 10,
+            "max_depth": MAX_DEPTH,
+            "warm_start": False,
+            "finalists": 1,
+        },
+    }
+
+    particles: int = 6
+    iterations: int = 3
+    repeats: int = 1
+    cg: float = 0.5
+    max_depth: int = DEFAULT_MAX_DEPTH
+    fixed_arch: str = "C32k5-P-C64k5-P-F10"  # CNN1
+    warm_start: bool = True
+    finalists: int = 3
+    finalist_share: float = 0.25
+
+    def __post_init__(self) -> None:
+        for name, low in (("particles", 1), ("iterations", 0), ("repeats", 1), ("finalists", 1)):
+            check_int(name, getattr(self, name), low)
+        super().__post_init__()
+        check_max_depth(self.max_depth)
+        if not isinstance(self.warm_start, bool):
+            raise ConfigError(f"warm_start must be a bool, got {self.warm_start!r}")
+        if not (
+            isinstance(self.finalist_share, int | float)
+            and not isinstance(self.finalist_share, bool)
+            and 0.0 < self.finalist_share <= 1.0
+        ):
+            raise ConfigError(f"finalist_share must be a number in (0, 1], got {self.finalist_share!r}")
+        if not (isinstance(self.cg, int | float) and 0.0 <= self.cg <= 1.0):
+            raise ConfigError(f"cg must be a number in [0, 1], got {self.cg!r}")
+        check_arch("fixed_arch", self.fixed_arch)
+
+    def finalist_epochs(self) -> int:
+        """Epochs every finalist trains before all but the best stop (``final_epochs`` when one)."""
+        if self.finalists == 1 or self.final_epochs == 0:
+            return self.final_epochs
+        return min(self.final_epochs, max(1, round(self.finalist_share * self.final_epochs)))
+
+    def final_training_epochs(self) -> int:
+        return self.final_epochs + (self.finalists - 1) * self.finalist_epochs()
+
+    def rng_streams(self) -> int:
+        return self.repeats
+
+    def planned_candidates(self) -> int:
+        return self.repeats * self.particles * (self.iterations + 1)
+
+
+def _narrow(spec: ChainSpec) -> ChainSpec:
+    """The same chain at half the width: conv channels and hidden FC units halved (at least 8)."""
+    layers: list[Layer] = []
+    for i, layer in enumerate(spec.layers):
+        if isinstance(layer, Conv):
+            layer = Conv(max(8, layer.out_channels // 2), layer.kernel_size)
+        elif isinstance(layer, Dense) and i < len(spec.layers) - 1:
+            layer = Dense(max(8, layer.units // 2))
+        layers.append(layer)
+    return ChainSpec(tuple(layers))
+
+
+def _warm_spec(ev: Evaluator, config: PSOConfig) -> tuple[ChainSpec, Evaluation] | None:
+    """``fixed_arch`` as the warm-start particle, narrowed until the budget admits it, evaluated; None
+    if it is no chain, is too deep, or no narrowing fits."""
+    spec = parse_arch(config.fixed_arch)
+    if family_of(spec) is not CHAIN_FAMILY or len(spec.layers) > config.max_depth:
+        return None
+    try:
+        spec = spec.with_num_classes(ev.num_classes).validate(ev.input_shape)
+    except SpecError:
+        return None
+    for _ in range(WARM_NARROWINGS + 1):
+        if ev.screen(spec)[3] is None:  # screening only: the rejected widths are never trained
+            return spec, ev.evaluate(spec)
+        spec = _narrow(spec)
+    return None
+
+
+def _swarm(
+    ev: Evaluator, config: PSOConfig, rng: np.random.Generator
+) -> tuple[ChainSpec, float, ChainSpec | None]:
+    """One swarm (Algorithm 2) over the chain space; returns its global best (spec, fitness) and the
+    warm-start particle (None: none fitted, or warm start off)."""
+    cfg, shape = config, ev.input_shape
+    space = ChainSpace(max_depth=cfg.max_depth)
+    positions: list[ChainSpec] = []
+    fitness: list[float] = []
+    trainable: list[bool] = []
+    warm = _warm_spec(ev, cfg) if cfg.warm_start else None
+    for i in range(cfg.particles):
+        if i == 0 and warm is not None:
+            spec, result = warm
+        else:
+            for _ in range(INIT_ATTEMPTS):  # bounded: a tight budget may reject most samples
+                spec = space.sample(rng, shape, ev.num_classes)
+                result = ev.evaluate(spec)
+                if result.rejected is None:
+                    break
+        positions.append(spec)
+        fitness.append(result.fitness)
+        trainable.append(result.rejected is None)
+        ev.bar.update(1)
+        ev.bar.set_postfix(rejected=ev.rejected)
+    if not any(trainable):
+        raise ev.infeasible(f"architecture among {cfg.particles * INIT_ATTEMPTS} sampled candidates")
+    best = min(range(cfg.particles), key=lambda i: (not trainable[i], fitness[i]))
+    pbest, pfit = list(positions), list(fitness)
+    gbest, gfit = pbest[best], pfit[best]
+    for _ in range(cfg.iterations):
+        for i in range(cfg.particles):
+            own, glob = pbest[i].layers, gbest.layers
+            target: list[Layer] = []
+            for j in range(max(len(own), len(glob))):
+                take_global = rng.random() <= cfg.cg
+                if j >= len(own) or (take_global and j < len(glob)):
+                    target.append(glob[j])
+                else:
+                    target.append(own[j])
+            positions[i] = space.align(positions[i], ChainSpec(tuple(target)), rng, shape)
+            new = ev.evaluate(positions[i]).fitness
+            if new < pfit[i]:
+                pbest[i], pfit[i] = positions[i], new
+                if new < gfit:
+                    gbest, gfit = positions[i], new
+            ev.bar.update(1)
+            ev.bar.set_postfix(best=f"{gfit:.4f}", rejected=ev.rejected, cached=ev.cache_hits)
+    return gbest, gfit, None if warm is None else warm[0]
+
+
+def run(ev: Evaluator, config: PSOConfig, seeds: list[np.random.SeedSequence]) -> Found:
+    """``repeats`` swarms, one per seed; the finalists are the best distinct specs the search met."""
+    swarms = [_swarm(ev, config, np.random.default_rng(seq)) for seq in seeds]
+    repeats_best = [(spec, fitness) for spec, fitness, _ in swarms]
+    best_spec, _ = min(repeats_best, key=lambda item: item[1])
+    warms = {str(warm) for _, _, warm in swarms if warm is not None}  # one spec: every swarm's is the same
+    warm = warms.pop() if warms else None
+    finalists = [str(best_spec)]
+    if config.finalists > 1:
+        ranked = sorted(
+            (e for e in ev.cache.values() if math.isfinite(e.fitness)), key=lambda e: (e.fitness, e.spec)
+        )
+        finalists += [e.spec for e in ranked if e.spec != finalists[0]][: config.finalists - 1]
+        if warm is not None and warm not in finalists and math.isfinite(ev.cache[warm].fitness):
+            finalists[-1] = warm  # the baseline always competes in the final ranking
+    return Found(repeats_best=repeats_best, finalists=tuple(finalists))
