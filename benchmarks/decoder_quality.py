@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge_sdk.client import load_trained_model, save_trained_model, train_final
+from edge_sdk.artifacts import load_trained_model, save_trained_model
 from edge_sdk.data import ArrayDataset, load_client_data, split_train_val
+from edge_sdk.final_training import train_final
 from export.atomic import atomic_write_json
 from export.bundle import read_bundle
 from server_kit.decoders import filter_by_centroid, load_decoder, sample_decoders

@@ -4,8 +4,8 @@
         [--rerun DIR [--search KEY=VALUE ...]] [--fixed-from FILE]
 
 RUN_DIR is a `server-kit simulate` output. For each client: its bundled ONNX (from `edge-sdk run`) and CNN1
-trained with the same code path (`edge_sdk.client.train_final`) for the same number of final epochs on the
-same train/validation split, both evaluated in onnxruntime on a test set drawn from the MNIST test split
+trained with the same code path (`edge_sdk.final_training.train_final`) for the same number of final epochs on
+the same train/validation split, both evaluated in onnxruntime on a test set drawn from the MNIST test split
 with the client's own label distribution (seeded). Prints and writes sorted JSON.
 
 Each row says whether CNN1 fits the client's device budget (``cnn1_fits``; where it does not, the CNN1
@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from edge_sdk.arch import build_model
-from edge_sdk.client import ClientConfig, run_client, train_final
+from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.data import ArrayDataset, load_client_data, split_train_val
+from edge_sdk.final_training import train_final
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.search import build_search_config
 from edge_sdk.zoo import CNN1

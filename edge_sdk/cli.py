@@ -218,8 +218,9 @@ def cmd_search(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from edge_sdk.client import save_trained_model, train_final
+    from edge_sdk.artifacts import save_trained_model
     from edge_sdk.data import split_train_val
+    from edge_sdk.final_training import train_final
 
     data = load_data(args)
     train_split, val_split = split_train_val(data, val_fraction=args.val_fraction, seed=args.seed)
@@ -241,7 +242,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from edge_sdk.client import bundle_model, load_trained_model
+    from edge_sdk.artifacts import bundle_model, load_trained_model
     from profiles import load_profile
 
     trained, onnx_bytes = load_trained_model(args.model)

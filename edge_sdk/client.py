@@ -1,79 +1,57 @@
 """The device pipeline: split -> search -> train -> export -> bundle.
 
-Each stage is its own public function so a device (or the CLI) can run them separately; `run_client`
-chains them exactly as `edge-sdk run` and `server-kit simulate` do, so a simulated client is a real one.
+Each stage is its own public function so a device (or the CLI) can run them separately: the role
+(:mod:`edge_sdk.roles`), the search (:mod:`edge_sdk.search`), the final training
+(:mod:`edge_sdk.final_training`) and the files it writes (:mod:`edge_sdk.artifacts`). `run_client` chains
+them exactly as `edge-sdk run` and `server-kit simulate` do, so a simulated client is a real one.
 
-Roles (FedMHO): a ``classifier`` client searches, trains and uploads a classifier; a ``cvae`` client
-trains a conditional VAE (:mod:`edge_sdk.cvae`) and uploads only its decoder as a ``cvae_decoder`` bundle.
-``both`` (ours, not the paper's) runs the two in turn: the classifier bundle at ``out`` and the decoder
-bundle at :func:`decoder_bundle_path` (``out`` with the suffix ``.decoder.bundle``). ``auto`` (the
-default) follows the profile's role hint, picks ``cvae`` when the budget cannot fit the smallest
-classifier the configured search could return (:func:`smallest_classifier`), since the search would then
-fail anyway, and otherwise ``both`` when the CVAE fits the budget too: decoder samples carry the class
-they were made for, which is what lets the server learn a class that few clients hold (MNIST, Dirichlet
-0.1: 94 % global with the decoders against 77 % from the classifiers alone; benchmarks/RESULTS.md,
-"Label skew"), for a CVAE that trains in seconds. ``classifier`` uploads the classifier only.
+Roles (FedMHO): a ``classifier`` client searches, trains and uploads a classifier; a ``cvae`` client trains a
+conditional VAE (:mod:`edge_sdk.cvae`) and uploads only its decoder as a ``cvae_decoder`` bundle. ``both``
+(ours, not the paper's) runs the two in turn: the classifier bundle at ``out`` and the decoder bundle at
+:func:`edge_sdk.artifacts.decoder_bundle_path` (``out`` with the suffix ``.decoder.bundle``). ``auto`` (the
+default) follows the profile's role hint, picks ``cvae`` when the budget cannot fit the smallest classifier
+the configured search could return (:func:`edge_sdk.roles.smallest_classifier`), since the search would then
+fail anyway, and otherwise ``both`` when the CVAE fits the budget too: decoder samples carry the class they
+were made for, which is what lets the server learn a class that few clients hold (MNIST, Dirichlet 0.1: 94 %
+global with the decoders against 77 % from the classifiers alone; benchmarks/RESULTS.md, "Label skew"), for a
+CVAE that trains in seconds. ``classifier`` uploads the classifier only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from common.device import resolve_device
 from common.errors import BudgetError, ConfigError
-from common.seeding import derive_seed, seeded
+from common.seeding import derive_seed
 from common.timing import timed
-from edge_sdk import __version__
-from edge_sdk.arch import ArchSpec, build_model, family_of_text, parse_arch, with_num_classes
-from edge_sdk.chain import ChainSpec, Conv, Dense, Pool
-from edge_sdk.cvae import CVAE, CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
+from edge_sdk.arch import family_of_text, parse_arch, with_num_classes
+from edge_sdk.artifacts import TrainedModel, bundle_cvae, bundle_model, decoder_bundle_path
+from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import ArrayDataset, split_train_val
-from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet, smallest
+from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet
+from edge_sdk.final_training import train_cvae_final, train_final
 from edge_sdk.precision import check_precision, resolve_precision
 from edge_sdk.profiling import fits, profile_model, trains_in_time
+from edge_sdk.roles import CLIENT_ROLES, resolve_role
 from edge_sdk.search import SearchResult, search
 from edge_sdk.shared_init import read_initial_weights
-from edge_sdk.spaces.chain import CHANNELS, DEFAULT_MAX_DEPTH, KERNELS
 from edge_sdk.strategies.base import SearchConfig
 from edge_sdk.strategies.baselines import FixedConfig
-from edge_sdk.strategies.evolution import EvolutionConfig
+from edge_sdk.strategies.evolution import supernet_of
 from edge_sdk.strategies.pso import PSOConfig
-from edge_sdk.train import TrainConfig, evaluate, release_memory, to_float, train
-from edge_sdk.zoo import RANDOM_POOL
-from export.atomic import atomic_write_bytes, atomic_write_json
-from export.bundle import Bundle, write_bundle
-from export.onnx_export import export_decoder_onnx, export_onnx, read_metadata
-from export.weights import initializer_state_dict
+from edge_sdk.train import release_memory
+from export.atomic import atomic_write_json
 from profiles import DeviceProfile
 
-__all__ = [
-    "CLIENT_ROLES",
-    "ClientConfig",
-    "ClientResult",
-    "TrainedCVAE",
-    "TrainedModel",
-    "bundle_cvae",
-    "bundle_model",
-    "decoder_bundle_path",
-    "load_trained_model",
-    "resolve_role",
-    "run_client",
-    "save_trained_model",
-    "smallest_classifier",
-    "train_cvae_final",
-    "train_final",
-]
+__all__ = ["ClientConfig", "ClientResult", "run_client"]
 
-CLIENT_ROLES = ("auto", "classifier", "cvae", "both")
+
 FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epochs
 
 
@@ -132,7 +110,7 @@ class ClientConfig:
             raise ConfigError(f"unknown_output must be a bool, got {self.unknown_output!r}")
         if self.unknown_output and self.role == "cvae":
             raise ConfigError("unknown_output is a classifier option; role 'cvae' trains no classifier")
-        if self.unknown_output and _supernet(self.search) is not None:
+        if self.unknown_output and supernet_of(self.search) is not None:
             raise ConfigError(
                 "unknown_output needs a classifier trained from scratch; a supernet subnet starts from "
                 "weights with num_classes outputs: drop --supernet or --unknown-output"
@@ -166,47 +144,12 @@ class ClientConfig:
         return out | ({"unknown_output": True} if self.unknown_output else {}) | {"precision": precision}
 
 
-def _supernet(search: SearchConfig) -> str | None:
-    """The supernet file an evolution search inherits weights from (None: none, or another strategy)."""
-    return search.supernet if isinstance(search, EvolutionConfig) else None
-
-
 def _file_sha256(path: str) -> str | None:
     """sha256 of a file's bytes, None when it cannot be read (the run then fails where it reads it)."""
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError:
         return None
-
-
-@dataclass(frozen=True)
-class TrainedModel:
-    """A trained model plus what the bundle needs to describe it."""
-
-    module: torch.nn.Module
-    arch: str
-    num_classes: int
-    input_shape: tuple[int, int, int]
-    label_counts: tuple[int, ...]
-    num_examples: int
-    metrics: dict[str, Any]
-    unknown_output: bool = False  # the module has num_classes + 1 outputs, the last "unknown"
-    # the optimizer it was trained with, to go on training (the chosen finalist); never serialised
-    optimizer: torch.optim.Optimizer | None = field(default=None, repr=False, compare=False)
-
-
-@dataclass(frozen=True)
-class TrainedCVAE:
-    """A trained CVAE plus what its decoder bundle needs."""
-
-    module: CVAE
-    arch: str
-    num_classes: int
-    input_shape: tuple[int, int, int]
-    label_counts: tuple[int, ...]
-    num_examples: int
-    latent_dim: int
-    metrics: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -223,350 +166,6 @@ class ClientResult:
     seconds: dict[str, float]
     role: str = "classifier"
     extra_bundles: tuple[Path, ...] = ()
-
-
-def smallest_classifier(
-    input_shape: tuple[int, int, int], num_classes: int, search: SearchConfig
-) -> ArchSpec:
-    """The cheapest classifier the configured search could return: the fixed architecture for the
-    ``fixed`` strategy, else the cheapest chain the sampler can draw (its narrowest 1x1 conv, as many 2x2
-    poolings as the input and ``max_depth`` allow, then the head). For ``random-pool`` this is a lower
-    bound: the pool's models are larger, and the search says so when none fits."""
-    if isinstance(search, FixedConfig):
-        spec = parse_arch(search.fixed_arch)
-        return with_num_classes(spec, num_classes)
-    if _supernet(search) is not None:
-        return smallest()  # the elastic space's cheapest subnet
-    # random-pool draws no chains: the chain space's default depth bounds it as before the split (#19)
-    max_depth = search.max_depth if isinstance(search, PSOConfig | EvolutionConfig) else DEFAULT_MAX_DEPTH
-    size, pools = min(input_shape[1], input_shape[2]), 0
-    while size >= 2 and pools < max_depth - 2:
-        size, pools = size // 2, pools + 1
-    layers = (Conv(min(CHANNELS), min(KERNELS)), *[Pool("max")] * pools, Dense(num_classes))
-    return ChainSpec(layers).validate(input_shape)
-
-
-def _classifier_fits(
-    profile: DeviceProfile, input_shape: tuple[int, int, int], num_classes: int, search: SearchConfig
-) -> str | None:
-    """None when the smallest classifier fits the profile (FLOPs, parameters, training memory), else why.
-
-    For ``random-pool`` the question is whether any pool member fits (the ablation draws only from it).
-    """
-    specs = [smallest_classifier(input_shape, num_classes, search)]
-    if search.strategy == "random-pool":
-        specs = [parse_arch(text) for text in RANDOM_POOL]
-    problems = []
-    for spec in specs:
-        spec = with_num_classes(spec, num_classes)
-        with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
-            model = build_model(spec, input_shape, num_classes)
-        problem = fits(profile_model(model, input_shape, batch_size=search.batch_size), profile)
-        if problem is None:
-            return None
-        problems.append(f"{spec}: {problem}")
-    return f"smallest classifier {'; '.join(problems)}"
-
-
-def _cvae_fits(
-    profile: DeviceProfile, input_shape: tuple[int, int, int], num_classes: int, config: CVAEConfig
-) -> str | None:
-    """None when the whole CVAE (encoder + decoder, training memory) fits the profile, else why."""
-    with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
-        probe = build_cvae(config.model, input_shape, num_classes, config.latent_dim)
-    return fits(profile_cvae(probe, batch_size=config.batch_size).model, profile)
-
-
-def resolve_role(
-    role: str,
-    profile: DeviceProfile,
-    input_shape: tuple[int, int, int],
-    num_classes: int,
-    search: SearchConfig,
-    cvae: CVAEConfig | None = None,
-) -> str:
-    """``classifier``, ``cvae`` or ``both``: an explicit role as given; ``auto`` -> ``cvae`` when the
-    profile's role hint is cvae or the smallest classifier does not fit its budget, else ``both`` when
-    the CVAE of ``cvae`` (default: :class:`CVAEConfig`) fits too, else ``classifier``."""
-    if role not in CLIENT_ROLES:
-        raise ConfigError(f"role must be one of {CLIENT_ROLES}, got {role!r}")
-    if role != "auto":
-        return role
-    if profile.role == "cvae" or _classifier_fits(profile, input_shape, num_classes, search) is not None:
-        return "cvae"
-    if _cvae_fits(profile, input_shape, num_classes, cvae or CVAEConfig()) is None:
-        return "both"
-    return "classifier"
-
-
-def decoder_bundle_path(out: str | Path) -> Path:
-    """Where the ``both`` role writes the decoder bundle: ``client.bundle`` -> ``client.decoder.bundle``."""
-    return Path(out).with_suffix(".decoder.bundle")
-
-
-def train_final(
-    arch: str,
-    train_split: ArrayDataset,
-    val_split: ArrayDataset,
-    *,
-    epochs: int,
-    lr: float = 1e-3,
-    batch_size: int = 64,
-    seed: int,
-    device: str = "cpu",
-    progress: bool = False,
-    init: torch.nn.Module | None = None,
-    unknown_output: bool = False,
-    optimizer: torch.optim.Optimizer | None = None,
-    precision: str = "auto",
-) -> TrainedModel:
-    """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
-
-    ``init`` (a module of exactly this architecture: a subnet extracted from a supernet, or a finalist
-    that trains on, with its ``optimizer`` to keep Adam's moments) is trained in place instead of a
-    freshly initialised model. ``unknown_output`` adds
-    the "none of my classes" output (:mod:`edge_sdk.outliers`); the validation accuracy then counts an
-    image called unknown as wrong. ``precision`` is the training's (:mod:`edge_sdk.precision`); the
-    validation numbers are measured in float32, the exported model's precision.
-    """
-    spec = parse_arch(arch)
-    num_classes = train_split.num_classes
-    if init is not None:
-        with torch.inference_mode():
-            where = next(init.parameters()).device
-            outputs = init.eval()(to_float(train_split.x[:2]).to(where)).shape[1]
-        if outputs != num_classes + int(unknown_output):
-            raise ConfigError(
-                f"init module has {outputs} outputs, expected {num_classes + int(unknown_output)} "
-                f"({num_classes} classes{' + unknown' if unknown_output else ''}); pass a model of that shape"
-            )
-        model = init
-    else:
-        with torch.random.fork_rng():  # seeded weight init without touching the caller's global RNG
-            torch.manual_seed(seed)
-            model = build_model(spec, train_split.input_shape, num_classes + int(unknown_output))
-    if optimizer is not None and init is None:
-        raise ConfigError("an optimizer continues a model: pass that model as init")
-    dev = resolve_device(device)
-    start = time.perf_counter()
-    if optimizer is None:
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    losses = train(
-        model,
-        train_split,
-        config=TrainConfig(
-            epochs=epochs, lr=lr, batch_size=batch_size, unknown_output=unknown_output, precision=precision
-        ),
-        seed=seed,
-        device=dev,
-        progress=progress,
-        optimizer=optimizer,
-    )
-    val_loss, val_acc = evaluate(model, val_split, device=dev)
-    model = model.cpu().eval()
-    cost = profile_model(model, train_split.input_shape, batch_size=batch_size)
-    metrics = {
-        "val_accuracy": float(val_acc),
-        "val_loss": float(val_loss),
-        "train_loss": float(losses[-1]) if losses else float("nan"),
-        "final_epochs": int(epochs),
-        "train_seconds": round(time.perf_counter() - start, 3),
-        **{k: int(v) for k, v in cost.to_dict().items()},
-    }
-    return TrainedModel(
-        module=model,
-        arch=str(spec),
-        num_classes=num_classes,
-        input_shape=train_split.input_shape,
-        label_counts=tuple(train_split.label_counts()),
-        num_examples=len(train_split),
-        metrics=metrics,
-        unknown_output=unknown_output,
-        optimizer=optimizer,
-    )
-
-
-def save_trained_model(trained: TrainedModel, path: str | Path) -> Path:
-    """Write the trained model as a BN-preserving ONNX file with everything `bundle_model` needs.
-
-    ONNX is the SDK's model file: it cannot execute code, the server reads it, and the weights can be
-    reloaded exactly (initializer names equal state_dict keys).
-    """
-    meta = {
-        "arch": trained.arch,
-        "num_classes": str(trained.num_classes),
-        "input_shape": json.dumps(list(trained.input_shape)),
-        "label_counts": json.dumps(list(trained.label_counts)),
-        "num_examples": str(trained.num_examples),
-        "metrics": json.dumps(trained.metrics, sort_keys=True),
-        "unknown_output": json.dumps(trained.unknown_output),
-        "sdk_version": __version__,
-        "producer": "edge_sdk.train",
-    }
-    data = export_onnx(trained.module, trained.input_shape, metadata=meta)
-    return atomic_write_bytes(path, data)
-
-
-def load_trained_model(path: str | Path) -> tuple[TrainedModel, bytes]:
-    """Inverse of `save_trained_model`: rebuild the module from its arch and load the ONNX weights."""
-    data = Path(path).read_bytes()
-    meta = read_metadata(data)
-    try:
-        arch = meta["arch"]
-        num_classes = int(meta["num_classes"])
-        input_shape = tuple(json.loads(meta["input_shape"]))
-        label_counts = tuple(json.loads(meta["label_counts"]))
-        num_examples = int(meta["num_examples"])
-        metrics = json.loads(meta["metrics"])
-        unknown_output = json.loads(meta.get("unknown_output", "false"))  # absent before FedOV
-        if not isinstance(unknown_output, bool):
-            raise ValueError(f"unknown_output must be true or false, got {unknown_output!r}")
-    except (KeyError, ValueError) as err:
-        raise ConfigError(
-            f"{path} is not a model written by `edge-sdk train` (missing metadata {err}); "
-            "train it with the SDK"
-        ) from err
-    module = build_model(arch, input_shape, num_classes + int(unknown_output))  # type: ignore[arg-type]
-    module.load_state_dict(initializer_state_dict(data, module), strict=True)
-    trained = TrainedModel(
-        module=module.eval(),
-        arch=arch,
-        num_classes=num_classes,
-        input_shape=input_shape,  # type: ignore[arg-type]
-        label_counts=label_counts,
-        num_examples=num_examples,
-        metrics=metrics,
-        unknown_output=unknown_output,
-    )
-    return trained, data
-
-
-def bundle_model(
-    trained: TrainedModel,
-    profile: DeviceProfile,
-    out: str | Path,
-    *,
-    seed: int,
-    onnx_bytes: bytes | None = None,
-    extra_metrics: dict[str, Any] | None = None,
-) -> Bundle:
-    """Check the budget once more, export (unless given the ONNX), and write the bundle atomically."""
-    cost = profile_model(trained.module, trained.input_shape)
-    problem = fits(cost, profile)
-    if problem is not None:
-        raise BudgetError(f"trained model {trained.arch} does not fit the device: {problem}")
-    if onnx_bytes is None:
-        onnx_bytes = export_onnx(
-            trained.module,
-            trained.input_shape,
-            metadata={"arch": trained.arch, "sdk_version": __version__, "producer": "edge_sdk.client"},
-        )
-    metrics = dict(trained.metrics) | dict(extra_metrics or {})
-    bundle = Bundle(
-        kind="classifier",
-        model_onnx=onnx_bytes,
-        arch=trained.arch,
-        num_classes=trained.num_classes,
-        input_shape=trained.input_shape,
-        label_counts=trained.label_counts,
-        num_examples=trained.num_examples,
-        profile=_profile_summary(profile),
-        metrics=metrics,
-        seed=seed,
-        sdk_version=__version__,
-        unknown_output=trained.unknown_output,
-    )
-    write_bundle(bundle, out)
-    return bundle
-
-
-def _profile_summary(profile: DeviceProfile) -> dict[str, Any]:
-    return {
-        "name": profile.name,
-        "max_flops": profile.max_flops,
-        "max_params": profile.max_params,
-        "memory_mb": profile.memory_mb,
-        "gflops": profile.gflops,
-        "role": profile.role,
-    }
-
-
-def train_cvae_final(
-    train_split: ArrayDataset,
-    val_split: ArrayDataset,
-    *,
-    config: CVAEConfig,
-    profile: DeviceProfile,
-    seed: int,
-    device: str = "cpu",
-    progress: bool = False,
-) -> TrainedCVAE:
-    """Check the whole CVAE against the budget (FLOPs and parameters of encoder + decoder, training
-    memory), then train it and measure its loss on the validation split."""
-    with seeded(seed):
-        probe = build_cvae(config.model, train_split.input_shape, train_split.num_classes, config.latent_dim)
-    cost = profile_cvae(probe, batch_size=config.batch_size)
-    problem = fits(cost.model, profile)
-    if problem is not None:
-        raise BudgetError(
-            f"{config.arch} does not fit the device: {problem}; fix: a smaller --latent-dim or "
-            "--cvae-model cvae-small"
-        )
-    dev = resolve_device(device)
-    start = time.perf_counter()
-    model, losses = train_cvae(train_split, config=config, seed=seed, device=dev, progress=progress)
-    val = evaluate_cvae(model, val_split, seed=seed, device=dev)
-    model = model.cpu().eval()
-    metrics = {
-        "model": config.model,
-        "latent_dim": config.latent_dim,
-        "epochs": config.epochs,
-        "lr": float(config.lr),
-        "batch_size": config.batch_size,
-        "train_loss": float(losses[-1]) if losses else float("nan"),
-        "val_loss": val["loss"],
-        "val_recon": val["recon"],
-        "val_kl": val["kl"],
-        "train_seconds": round(time.perf_counter() - start, 3),
-        **cost.to_metrics(),
-    }
-    return TrainedCVAE(
-        module=model,
-        arch=model.arch,
-        num_classes=train_split.num_classes,
-        input_shape=train_split.input_shape,
-        label_counts=tuple(train_split.label_counts()),
-        num_examples=len(train_split),
-        latent_dim=model.latent_dim,
-        metrics=metrics,
-    )
-
-
-def bundle_cvae(trained: TrainedCVAE, profile: DeviceProfile, out: str | Path, *, seed: int) -> Bundle:
-    """Export the decoder alone (validated, parity-checked) and write a ``cvae_decoder`` bundle atomically."""
-    onnx_bytes = export_decoder_onnx(
-        trained.module.decoder,
-        latent_dim=trained.latent_dim,
-        num_classes=trained.num_classes,
-        output_shape=trained.input_shape,
-        metadata={"arch": trained.arch, "sdk_version": __version__, "producer": "edge_sdk.client"},
-    )
-    bundle = Bundle(
-        kind="cvae_decoder",
-        model_onnx=onnx_bytes,
-        arch=trained.arch,
-        num_classes=trained.num_classes,
-        input_shape=trained.input_shape,
-        label_counts=trained.label_counts,
-        num_examples=trained.num_examples,
-        latent_dim=trained.latent_dim,
-        profile=_profile_summary(profile),
-        metrics=trained.metrics,
-        seed=seed,
-        sdk_version=__version__,
-    )
-    write_bundle(bundle, out)
-    return bundle
 
 
 def run_client(
@@ -640,7 +239,7 @@ def _train_finalists(
     rows: list[dict[str, Any]] = []
     for arch in result.finalists:
         init = None
-        supernet = _supernet(search_config)
+        supernet = supernet_of(search_config)
         if supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
             # HAPFNAS: the winner starts from its supernet weights and is fine-tuned locally
             init = extract(load_supernet(supernet), ElasticSpec.parse(arch))

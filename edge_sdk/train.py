@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,11 +22,9 @@ from torch import nn
 from common.errors import ConfigError, DataError
 from common.loop import fit
 from common.seeding import derive_seed, seeded
+from edge_sdk.data import ArrayDataset
 from edge_sdk.outliers import make_outliers
 from edge_sdk.precision import autocast, check_precision, resolve_precision
-
-if TYPE_CHECKING:
-    from edge_sdk.data import ArrayDataset
 
 __all__ = [
     "TrainConfig",

@@ -51,6 +51,7 @@ from export.onnx_export import export_onnx
 from server_kit.adversarial import AdversarialConfig, adversarial_distill
 from server_kit.decoders import check_temperature, filter_by_centroid, load_decoder, sample_decoders
 from server_kit.distill import DistillConfig, distill
+from server_kit.evaluate import evaluate_onnx
 from server_kit.fedavg import fedavg_init
 from server_kit.fusion import FusionConfig, fuse
 from server_kit.generator import ConditionalGenerator, GeneratorConfig, synthesize_generator
@@ -808,8 +809,6 @@ def _run(
     with timed(seconds, "evaluate"):
         evaluation = None
         if eval_data is not None:
-            from server_kit.evaluate import evaluate_onnx
-
             evaluation = evaluate_onnx(model_bytes, eval_data, threads=torch.get_num_threads())
     seconds["total"] = time.perf_counter() - wall
 
@@ -949,7 +948,6 @@ def split_kinds(paths: Sequence[str | Path]) -> tuple[list[str | Path], list[tup
 
     Unreadable files go with the classifiers, so the teacher loader reports them by its on_error rule.
     """
-    from common.errors import BundleError
 
     classifiers: list[str | Path] = []
     decoders: list[tuple[Path, Any]] = []

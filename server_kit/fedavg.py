@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from common.errors import ConfigError
-
-if TYPE_CHECKING:
-    from server_kit.teachers import Teacher
+from server_kit.teachers import Teacher
 
 __all__ = ["WEIGHTINGS", "average_state_dicts", "fedavg_init"]
 

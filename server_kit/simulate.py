@@ -28,17 +28,24 @@ from typing import Any
 
 from common.checks import from_preset
 from common.errors import BundleError, ConfigError
-from edge_sdk.client import ClientConfig, decoder_bundle_path, resolve_role, run_client
+from edge_sdk.artifacts import decoder_bundle_path
+from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.cvae import CVAEConfig
+from edge_sdk.data import load_client_data, partition
 from edge_sdk.precision import check_precision
 from edge_sdk.profiling import usable_threads
+from edge_sdk.roles import resolve_role
+from edge_sdk.shared_init import write_initial_weights
 from edge_sdk.strategies.base import SearchConfig
 from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.pso import PSOConfig
 from edge_sdk.train import release_memory
 from export.atomic import atomic_write_json
+from export.bundle import read_bundle
 from profiles import load_profile
-from server_kit.aggregate import AggregateConfig
+from server_kit.aggregate import AggregateConfig, aggregate
+from server_kit.evaluate import evaluate_onnx
+from server_kit.fusion import FusionConfig
 
 __all__ = ["SimulateConfig", "SimulateResult", "assign_profiles", "simulate"]
 
@@ -123,7 +130,6 @@ FEDMHO_EPOCHS = 10  # local epochs of the classifiers (the paper: 200, insensiti
 
 def _fedmho_fields(dataset: str) -> dict[str, Any]:
     """The fields of the ``fedmho`` preset for ``dataset`` (its Table 3 row where the paper has one)."""
-    from server_kit.fusion import FusionConfig
 
     def table3(factory: Any, **extra: Any) -> Any:
         try:
@@ -262,7 +268,6 @@ def _client_config(config: SimulateConfig, k: int, role: str, init: Path | None)
 def _roles(config: SimulateConfig, names: list[str], test_path: Path) -> list[str]:
     """Each client's role as `edge-sdk run --role auto` resolves it on its profile (classifier, cvae or
     both), with ``both`` made ``classifier`` when ``config.decoders`` is off."""
-    from edge_sdk.data import load_client_data
 
     task = load_client_data(test_path)
     roles = []
@@ -279,8 +284,6 @@ def _shared_init(config: SimulateConfig, roles: list[str], test_path: Path) -> P
     trains (strategy ``fixed``), or None (``shared_init`` off, a search, or no classifier client).
     Written on every run: its bytes are a function of the arch, the task and the seed, so a resume finds
     the file its clients recorded (ClientConfig.to_dict holds its sha256)."""
-    from edge_sdk.data import load_client_data
-    from edge_sdk.shared_init import write_initial_weights
 
     if not config.shared_init or not isinstance(config.search, FixedConfig) or set(roles) <= {"cvae"}:
         return None
@@ -293,7 +296,6 @@ def _shared_init(config: SimulateConfig, roles: list[str], test_path: Path) -> P
 
 def _run_one(data_path: str, bundle_path: str, profile_name: str, config: ClientConfig) -> dict[str, Any]:
     """One client, exactly as `edge-sdk run` would do it (runs in a worker process when jobs > 1)."""
-    from edge_sdk.data import load_client_data
 
     result = run_client(
         load_client_data(data_path), profile=load_profile(profile_name), config=config, out=bundle_path
@@ -304,7 +306,6 @@ def _run_one(data_path: str, bundle_path: str, profile_name: str, config: Client
 def _finished(bundle_path: Path, client_config: dict[str, Any]) -> bool:
     """A client is done when its report (written last, atomically) was made with the same client settings
     and every bundle it names reads back cleanly; a client made with other settings runs again."""
-    from export.bundle import read_bundle
 
     report_path = bundle_path.with_name(bundle_path.name + ".report.json")
     if not (bundle_path.is_file() and report_path.is_file()):
@@ -340,7 +341,6 @@ def _client_sizes(data_dir: Path, num_clients: int) -> list[int]:
 
 
 def _partition(config: SimulateConfig, data_dir: Path) -> list[Path]:
-    from edge_sdk.data import partition
 
     manifest = data_dir / "partition.json"
     wanted = {
@@ -411,10 +411,6 @@ class SimulateResult:
 
 def simulate(config: SimulateConfig) -> SimulateResult:
     """Run the federation, write ``out_dir/results.json`` and return what it holds."""
-    from edge_sdk.data import load_client_data
-    from export.bundle import read_bundle
-    from server_kit.aggregate import aggregate
-    from server_kit.evaluate import evaluate_onnx
 
     out = config.out_dir
     names = assign_profiles(config.num_clients, config.profiles, config.profile_map)

@@ -38,7 +38,7 @@ from edge_sdk.strategies.evaluator import Evaluator, Found
 from edge_sdk.strategies.predictor import predictor, rank_correlation
 from edge_sdk.strategies.supernet_proxy import supernet_proxy
 
-__all__ = ["SAMPLE_ATTEMPTS", "EvolutionConfig", "evolve", "run"]
+__all__ = ["SAMPLE_ATTEMPTS", "EvolutionConfig", "evolve", "run", "supernet_of"]
 
 SAMPLE_ATTEMPTS = 50  # per wanted candidate: bounded reject sampling
 
@@ -216,3 +216,9 @@ def evolve(
         "finalists": [{"spec": str(s), "fitness": float(f)} for s, f in real],
     }
     return best, float(best_fitness), details
+
+
+def supernet_of(search: SearchConfig) -> str | None:
+    """The supernet file a search inherits weights from: an evolution config's ``supernet``; None for every
+    other strategy, which trains its candidates from scratch."""
+    return search.supernet if isinstance(search, EvolutionConfig) else None

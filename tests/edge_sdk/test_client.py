@@ -83,8 +83,8 @@ def test_one_standard_error_rule_prefers_the_cheaper_of_near_ties() -> None:
 
 
 def test_train_final_goes_on_with_the_optimizer_it_is_given() -> None:
-    from edge_sdk.client import train_final
     from edge_sdk.data import split_train_val
+    from edge_sdk.final_training import train_final
 
     train_split, val_split = split_train_val(
         load_dataset("digits").subset(np.arange(300)), val_fraction=0.2, seed=0

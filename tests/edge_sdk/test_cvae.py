@@ -12,13 +12,8 @@ import pytest
 import torch
 
 from common.errors import BudgetError, ConfigError, ExportError, SpecError
-from edge_sdk.client import (
-    ClientConfig,
-    decoder_bundle_path,
-    resolve_role,
-    run_client,
-    smallest_classifier,
-)
+from edge_sdk.artifacts import decoder_bundle_path
+from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.cvae import (
     CVAEConfig,
     build_cvae,
@@ -29,6 +24,7 @@ from edge_sdk.cvae import (
     train_cvae,
 )
 from edge_sdk.data import ArrayDataset, load_dataset, save_client_data
+from edge_sdk.roles import resolve_role, smallest_classifier
 from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.pso import PSOConfig
 from export.bundle import read_bundle

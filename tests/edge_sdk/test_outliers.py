@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from edge_sdk.client import ClientConfig, bundle_model, load_trained_model, save_trained_model, train_final
+from edge_sdk.artifacts import bundle_model, load_trained_model, save_trained_model
+from edge_sdk.client import ClientConfig
 from edge_sdk.data import load_dataset, split_train_val
+from edge_sdk.final_training import train_final
 from edge_sdk.outliers import make_outliers
 from edge_sdk.strategies.evolution import EvolutionConfig
 from export.bundle import read_bundle

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from common.errors import BundleError, ConfigError, TeacherError
-from edge_sdk.client import TrainedCVAE, bundle_cvae
+from edge_sdk.artifacts import TrainedCVAE, bundle_cvae
 from edge_sdk.cvae import Decoder, build_cvae
 from export.bundle import Bundle, bundle_from_bytes, bundle_to_bytes, read_bundle
 from export.onnx_export import onnx_session
