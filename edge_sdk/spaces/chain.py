@@ -37,6 +37,7 @@ __all__ = [
     "ChainSpace",
     "align",
     "check_max_depth",
+    "narrow",
     "random_conv",
     "sample_spec",
 ]
@@ -215,3 +216,16 @@ class ChainSpace:
             else:
                 out[j] = (_KINDS["F"], 0, 0, layer.units)
         return out.ravel()
+
+
+def narrow(spec: ChainSpec) -> ChainSpec:
+    """The same chain at half the width (conv channels and hidden FC units halved, at least 8): what PSO
+    tries when its warm-start architecture does not fit the budget."""
+    layers: list[Layer] = []
+    for i, layer in enumerate(spec.layers):
+        if isinstance(layer, Conv):
+            layer = Conv(max(8, layer.out_channels // 2), layer.kernel_size)
+        elif isinstance(layer, Dense) and i < len(spec.layers) - 1:
+            layer = Dense(max(8, layer.units // 2))
+        layers.append(layer)
+    return ChainSpec(tuple(layers))

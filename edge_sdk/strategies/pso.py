@@ -18,8 +18,8 @@ import numpy as np
 from common.checks import check_int
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import family_of, parse_arch
-from edge_sdk.chain import CHAIN_FAMILY, MAX_DEPTH, ChainSpec, Conv, Dense, Layer
-from edge_sdk.spaces.chain import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth
+from edge_sdk.chain import CHAIN_FAMILY, MAX_DEPTH, ChainSpec, Layer
+from edge_sdk.spaces.chain import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth, narrow
 from edge_sdk.strategies.base import SearchConfig, check_arch
 from edge_sdk.strategies.evaluator import Evaluation, Evaluator, Found
 
@@ -119,18 +119,6 @@ class PSOConfig(SearchConfig):
         return self.repeats * self.particles * (self.iterations + 1)
 
 
-def _narrow(spec: ChainSpec) -> ChainSpec:
-    """The same chain at half the width: conv channels and hidden FC units halved (at least 8)."""
-    layers: list[Layer] = []
-    for i, layer in enumerate(spec.layers):
-        if isinstance(layer, Conv):
-            layer = Conv(max(8, layer.out_channels // 2), layer.kernel_size)
-        elif isinstance(layer, Dense) and i < len(spec.layers) - 1:
-            layer = Dense(max(8, layer.units // 2))
-        layers.append(layer)
-    return ChainSpec(tuple(layers))
-
-
 def _warm_spec(ev: Evaluator, config: PSOConfig) -> tuple[ChainSpec, Evaluation] | None:
     """``fixed_arch`` as the warm-start particle, narrowed until the budget admits it, evaluated; None
     if it is no chain, is too deep, or no narrowing fits."""
@@ -144,7 +132,7 @@ def _warm_spec(ev: Evaluator, config: PSOConfig) -> tuple[ChainSpec, Evaluation]
     for _ in range(WARM_NARROWINGS + 1):
         if ev.screen(spec)[3] is None:  # screening only: the rejected widths are never trained
             return spec, ev.evaluate(spec)
-        spec = _narrow(spec)
+        spec = narrow(spec)
     return None
 
 

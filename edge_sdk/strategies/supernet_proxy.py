@@ -8,8 +8,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from common.errors import SpecError
 from edge_sdk import elastic
-from edge_sdk.arch import ArchSpec
+from edge_sdk.arch import ArchSpec, family_of
 from edge_sdk.data import ArrayDataset
 from edge_sdk.train import evaluate, to_float
 
@@ -44,7 +45,8 @@ def supernet_proxy(
     """fitness(spec): validation cross-entropy of the extracted subnet, BN recalibrated on ``train``."""
 
     def fitness(spec: ArchSpec) -> float:
-        assert isinstance(spec, elastic.ElasticSpec)
+        if family_of(spec) is not elastic.ELASTIC_FAMILY:
+            raise SpecError(f"the supernet proxy scores subnets of the elastic space only, got {spec}")
         model = elastic.extract(supernet, spec)
         recalibrate_bn(model, train, batches=batches, seed=seed)
         return evaluate(model, val)[0]
