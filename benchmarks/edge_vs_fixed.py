@@ -30,7 +30,7 @@ import numpy as np
 
 from edge_sdk.arch import build_model
 from edge_sdk.client import ClientConfig, run_client
-from edge_sdk.data import ArrayDataset, load_client_data, split_train_val
+from edge_sdk.data import ArrayDataset, client_name, load_client_data, split_train_val
 from edge_sdk.final_training import train_final
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.search import build_search_config
@@ -76,15 +76,18 @@ def main(argv: list[str]) -> None:
 
     test = load_client_data(args.run_dir / "data" / "test.npz")
     bundles = sorted((args.run_dir / "clients").glob("client_*.bundle"))
+    partition_json = (args.run_dir / "data" / "partition.json").read_text(encoding="utf-8")
+    num_clients = json.loads(partition_json)["num_clients"]
     chosen = args.clients if args.clients is not None else list(range(len(bundles)))
     kept = []
     if args.update and args.out and args.out.is_file():
         kept = [r for r in json.loads(args.out.read_text())["clients"] if r["client"] not in chosen]
     rows = []
     for k in chosen:
-        bundle = read_bundle(args.run_dir / "clients" / f"client_{k:02d}.bundle")
+        name = client_name(k, num_clients)
+        bundle = read_bundle(args.run_dir / "clients" / f"{name}.bundle")
         local = client_test_set(test, list(bundle.label_counts), size=args.size, seed=k)
-        data = load_client_data(args.run_dir / "data" / f"client_{k:02d}.npz")
+        data = load_client_data(args.run_dir / "data" / f"{name}.npz")
         # the simulate run gave client k the seed (run seed + k); reuse it for the same split and init
         seed = int(bundle.seed)
         train_split, val_split = split_train_val(data, val_fraction=args.val_fraction, seed=seed)
@@ -94,7 +97,7 @@ def main(argv: list[str]) -> None:
         if args.rerun:
             search = build_search_config("fast", final_epochs=epochs, **overrides)
             config = ClientConfig(search=search, seed=seed, role="classifier")
-            out = args.rerun / f"client_{k:02d}.bundle"
+            out = args.rerun / f"{name}.bundle"
             res = run_client(data, profile=profile, config=config, out=out)
             bundle = read_bundle(out)
             finalists = json.loads(res.report_path.read_text()).get("finalists", [])

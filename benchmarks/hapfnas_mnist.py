@@ -29,7 +29,7 @@ import numpy as np
 from edge_vs_fixed import client_test_set
 
 from edge_sdk.client import ClientConfig, run_client
-from edge_sdk.data import load_client_data, split_train_val
+from edge_sdk.data import client_name, load_client_data, split_train_val
 from edge_sdk.elastic import cost_of, encode, extract, largest, load_supernet, sample_elastic, smallest
 from edge_sdk.final_training import train_final
 from edge_sdk.strategies.evolution import EvolutionConfig
@@ -67,6 +67,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     run = args.run_dir
     bundles = sorted((run / "clients").glob("client_*.bundle"))
+    num_clients = json.loads((run / "data" / "partition.json").read_text(encoding="utf-8"))["num_clients"]
     result: dict = {"run_dir": str(run)}
 
     t0 = time.perf_counter()
@@ -89,7 +90,7 @@ def main(argv: list[str]) -> None:
     supernet = load_supernet(supernet_path)
 
     first = args.clients[0]
-    data = load_client_data(run / "data" / f"client_{first:02d}.npz")
+    data = load_client_data(run / "data" / f"{client_name(first, num_clients)}.npz")
     seed = int(read_bundle(bundles[first]).seed)
     train, val = split_train_val(data, val_fraction=0.2, seed=seed)
     rng = np.random.default_rng(0)
@@ -164,7 +165,7 @@ def main(argv: list[str]) -> None:
     evo_rows = []
     for k in args.clients:
         bundle = read_bundle(bundles[k])
-        data = load_client_data(run / "data" / f"client_{k:02d}.npz")
+        data = load_client_data(run / "data" / f"{client_name(k, num_clients)}.npz")
         local = client_test_set(test, list(bundle.label_counts), size=2000, seed=k)
         search = EvolutionConfig.preset(
             "fast",
@@ -173,7 +174,7 @@ def main(argv: list[str]) -> None:
         )
         config = ClientConfig(search=search, seed=int(bundle.seed), role="classifier")
         t1 = time.perf_counter()
-        out = work / "evolution" / f"client_{k:02d}.bundle"
+        out = work / "evolution" / f"{client_name(k, num_clients)}.bundle"
         res = run_client(data, profile=load_profile(str(bundle.profile["name"])), config=config, out=out)
         evo = read_bundle(out)
         evo_rows.append(

@@ -19,6 +19,7 @@ uploads beside its classifier: its samples of class y show another class (shift)
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from common.seeding import seeded
 from edge_sdk.arch import build_model
 from edge_sdk.artifacts import TrainedCVAE, bundle_cvae
 from edge_sdk.cvae import CVAEConfig
-from edge_sdk.data import ArrayDataset, load_client_data, split_train_val
+from edge_sdk.data import ArrayDataset, client_name, load_client_data, split_train_val
 from edge_sdk.final_training import train_cvae_final
 from edge_sdk.train import TrainConfig, train
 from export.bundle import Bundle, write_bundle
@@ -51,7 +52,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    data = load_client_data(Path(args.run) / "data" / f"client_{args.client:02d}.npz")
+    manifest = json.loads((Path(args.run) / "data" / "partition.json").read_text(encoding="utf-8"))
+    name = client_name(args.client, manifest["num_clients"])
+    data = load_client_data(Path(args.run) / "data" / f"{name}.npz")
     num_classes = data.num_classes
     gen = torch.Generator().manual_seed(args.seed)
     if args.mode == "random":

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from edge_vs_fixed import client_test_set
 
-from edge_sdk.data import load_client_data
+from edge_sdk.data import client_name, load_client_data
 from edge_sdk.personalize import METHODS, PersonalizeConfig, personalize
 from export.atomic import atomic_write_json
 from export.bundle import read_bundle
@@ -57,11 +57,13 @@ def main(argv: list[str]) -> None:
         previous = {r["client"]: r for r in earlier["clients"]}
         chosen = args.clients if args.clients is not None else sorted(previous)
     global_onnx = (run / "server" / "global.onnx").read_bytes()
+    num_clients = json.loads((run / "data" / "partition.json").read_text(encoding="utf-8"))["num_clients"]
     rows = []
     for k in chosen:
-        bundle = read_bundle(run / "clients" / f"client_{k:02d}.bundle")
-        package = read_package(run / "packages" / f"client_{k:02d}.package")
-        data = load_client_data(run / "data" / f"client_{k:02d}.npz")
+        name = client_name(k, num_clients)
+        bundle = read_bundle(run / "clients" / f"{name}.bundle")
+        package = read_package(run / "packages" / f"{name}.package")
+        data = load_client_data(run / "data" / f"{name}.npz")
         local = client_test_set(test, list(bundle.label_counts), size=args.size, seed=k)
         row: dict = {} if earlier is None else dict(previous.get(k, {}))
         row |= {
@@ -74,9 +76,7 @@ def main(argv: list[str]) -> None:
         for method in args.methods:
             t0 = time.perf_counter()
             config = PersonalizeConfig(method=method, epochs=args.epochs)
-            res = personalize(
-                data, bundle, package, run / "personal" / f"client_{k:02d}" / method, config=config
-            )
+            res = personalize(data, bundle, package, run / "personal" / name / method, config=config)
             seconds = time.perf_counter() - t0
             out = res.out_dir
             row[method] = {

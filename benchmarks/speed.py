@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edge_sdk.data import client_name
 from export.atomic import atomic_write_json
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -174,7 +175,8 @@ def _client_flop(run_dir: Path, results: dict[str, Any], shape: tuple[int, int, 
     total = 0.0
     precisions: set[str] = set()
     for row in results["clients"]:
-        path = run_dir / "clients" / f"client_{row['client']:02d}.bundle.report.json"
+        name = client_name(row["client"], results["config"]["num_clients"])
+        path = run_dir / "clients" / f"{name}.bundle.report.json"
         report = json.loads(path.read_text(encoding="utf-8"))
         if report.get("search") is None:
             continue  # a CVAE-only client: its small model is left out

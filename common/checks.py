@@ -24,12 +24,22 @@ __all__ = [
     "check_output_dir",
     "check_output_file",
     "check_str",
+    "differences",
     "from_preset",
     "is_int",
     "is_number",
 ]
 
 T = TypeVar("T")
+
+
+def differences(recorded: object, wanted: object, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two JSON objects (a key one of them lacks differs too), so
+    a refusal to reuse an earlier run's files can name what changed instead of just saying "stale"."""
+    if isinstance(recorded, dict) and isinstance(wanted, dict):
+        keys = sorted(set(recorded) | set(wanted))
+        return [d for k in keys for d in differences(recorded.get(k), wanted.get(k), f"{prefix}{k}.")]
+    return [] if recorded == wanted else [prefix.rstrip(".")]
 
 
 def is_number(value: object) -> bool:

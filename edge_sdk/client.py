@@ -15,6 +15,10 @@ fail anyway, and otherwise ``both`` when the CVAE fits the budget too: decoder s
 were made for, which is what lets the server learn a class that few clients hold (MNIST, Dirichlet 0.1: 94 %
 global with the decoders against 77 % from the classifiers alone; benchmarks/RESULTS.md, "Label skew"), for a
 CVAE that trains in seconds. ``classifier`` uploads the classifier only.
+
+The report beside the bundle records the run's :func:`resume_key` (the settings of the role, the content
+hash of the data, the code version): `server-kit simulate` reuses a finished client only when all three
+match what it would run now.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from common.device import resolve_device
 from common.errors import BudgetError, ConfigError
 from common.seeding import derive_seed
 from common.timing import timed
+from edge_sdk import __version__
 from edge_sdk.arch import family_of_text, parse_arch, with_num_classes
 from edge_sdk.artifacts import TrainedModel, bundle_cvae, bundle_model, decoder_bundle_path
 from edge_sdk.cvae import CVAEConfig
-from edge_sdk.data import ArrayDataset, split_train_val
+from edge_sdk.data import ArrayDataset, data_sha256, split_train_val
 from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet
 from edge_sdk.final_training import train_cvae_final, train_final
 from edge_sdk.precision import check_precision, resolve_precision
@@ -49,10 +54,14 @@ from edge_sdk.train import release_memory
 from export.atomic import atomic_write_json
 from profiles import DeviceProfile
 
-__all__ = ["ClientConfig", "ClientResult", "run_client"]
+__all__ = ["CODE_VERSION", "ClientConfig", "ClientResult", "resume_key", "run_client"]
 
 
 FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epochs
+# The code that made a client's files: the toolkit's version, plus the client pipeline's own number, bumped
+# when a change makes the same settings and data give another bundle (new training, export or metrics),
+# so a resume redoes the clients of older code even between releases
+CODE_VERSION = f"{__version__}+client.1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +153,14 @@ class ClientConfig:
         return out | ({"unknown_output": True} if self.unknown_output else {}) | {"precision": precision}
 
 
+def resume_key(config: ClientConfig, data: ArrayDataset) -> dict[str, Any]:
+    """What a client's files are a function of, as its report records it: ``config`` (the settings of
+    the role, :meth:`ClientConfig.to_dict`), ``data_sha256`` (the content of the data it trained on,
+    :func:`edge_sdk.data.data_sha256`) and ``version`` (:data:`CODE_VERSION`). A resume compares the
+    recorded key with the one of the run it would do; any difference means the files are another run's."""
+    return {"config": config.to_dict(), "data_sha256": data_sha256(data), "version": CODE_VERSION}
+
+
 def _file_sha256(path: str) -> str | None:
     """sha256 of a file's bytes, None when it cannot be read (the run then fails where it reads it)."""
     try:
@@ -182,7 +199,7 @@ def run_client(
     role = resolve_role(config.role, profile, data.input_shape, data.num_classes, config.search, config.cvae)
     report_path = out.with_name(out.name + ".report.json")
     seconds: dict[str, float] = {}
-    report: dict[str, Any] = {"role": role, "profile": profile.name, "config": config.to_dict()}
+    report: dict[str, Any] = {"role": role, "profile": profile.name} | resume_key(config, data)
     result: ClientResult | None = None
     if role in ("classifier", "both"):
         result = _run_classifier(train_split, val_split, profile, config, out, seconds, report)

@@ -11,12 +11,14 @@ digits, which needs no files at all (tests and quick runs use it).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import pickle
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,10 +36,13 @@ __all__ = [
     "SCHEME",
     "ArrayDataset",
     "PartitionResult",
+    "client_name",
+    "data_sha256",
     "dirichlet_partition",
     "load_client_data",
     "load_dataset",
     "partition",
+    "partition_settings",
     "save_client_data",
     "split_train_val",
 ]
@@ -307,6 +312,31 @@ def split_train_val(
     return ds.subset(np.sort(perm[n_val:])), ds.subset(np.sort(perm[:n_val]))
 
 
+def client_name(index: int, num_clients: int) -> str:
+    """``client_07``: the name of client ``index`` of ``num_clients`` in every file a federation writes
+    (``client_07.npz``, ``client_07.bundle``), zero-padded to the digits of ``num_clients`` and at least
+    two (``client_00`` for 10 clients, ``client_000`` from 100 on), so the names of one run sort in client
+    order and have one width."""
+    num_clients = check_int("num_clients", num_clients, 1)
+    index = check_int("index", index, 0)
+    if index >= num_clients:
+        raise ConfigError(f"client index must be in [0, {num_clients}), got {index}")
+    return f"client_{index:0{max(2, len(str(num_clients)))}d}"
+
+
+def data_sha256(ds: ArrayDataset) -> str:
+    """sha256 of a data set's content (images, labels, class count with their dtypes and shapes), not of
+    the file holding it: an ``.npz`` rewritten with the same arrays (a zip entry carries a timestamp)
+    hashes the same, any changed example or label does not. A client's resume key holds it."""
+    digest = hashlib.sha256()
+    for name, tensor in (("x", ds.x), ("y", ds.y)):
+        array = np.ascontiguousarray(tensor.cpu().numpy())
+        digest.update(f"{name}|{array.dtype}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    digest.update(f"num_classes|{ds.num_classes}".encode())
+    return digest.hexdigest()
+
+
 def save_client_data(path: str | Path, ds: ArrayDataset) -> Path:
     """Write ``ds`` as an ``.npz`` (``x`` uint8 NCHW, ``y`` int64, ``num_classes``), atomically."""
     buffer = io.BytesIO()
@@ -420,6 +450,21 @@ class PartitionResult:
     manifest_path: Path
 
 
+def partition_settings(
+    dataset: str, *, num_clients: int, alpha: float, seed: int, min_size: int = 10
+) -> dict[str, Any]:
+    """The settings a partition is a function of, validated and normalised as ``partition.json`` records
+    them (the dataset's key, the scheme): a rerun compares them to reuse the files or partition again."""
+    return {
+        "scheme": SCHEME,
+        "dataset": _check_name(dataset),
+        "num_clients": check_int("num_clients", num_clients, 1),
+        "alpha": _check_alpha(alpha),
+        "seed": check_int("seed", seed, 0),
+        "min_size": check_int("min_size", min_size, 0),
+    }
+
+
 def partition(
     dataset: str,
     data_root: str | Path | None,
@@ -438,11 +483,9 @@ def partition(
     atomically and the manifest last (an earlier manifest is removed first), so a directory whose
     ``partition.json`` exists is complete. Stale ``client_*.npz`` files of an earlier run are removed.
     """
-    key = _check_name(dataset)
-    num_clients = check_int("num_clients", num_clients, 1)
-    alpha = _check_alpha(alpha)
-    seed = check_int("seed", seed, 0)
-    min_size = check_int("min_size", min_size, 0)
+    settings = partition_settings(dataset, num_clients=num_clients, alpha=alpha, seed=seed, min_size=min_size)
+    key, num_clients, alpha = settings["dataset"], settings["num_clients"], settings["alpha"]
+    seed, min_size = settings["seed"], settings["min_size"]
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out_dir must be a directory, got the file {out}")
@@ -452,8 +495,7 @@ def partition(
     parts = dirichlet_partition(train.y.numpy(), num_clients, alpha, seed, min_size=min_size)
     clients = [train.subset(idx) for idx in parts]
     histogram = tuple(tuple(c.label_counts()) for c in clients)
-    width = max(2, len(str(num_clients)))  # 2 digits, 3 from 100 clients on
-    names = [f"client_{i:0{width}d}.npz" for i in range(num_clients)]
+    names = [f"{client_name(i, num_clients)}.npz" for i in range(num_clients)]
 
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "partition.json"
@@ -465,15 +507,10 @@ def partition(
     test_path = save_client_data(out / "test.npz", test)
     atomic_write_json(
         manifest_path,
-        {
-            "scheme": SCHEME,
-            "dataset": key,
+        settings
+        | {
             "num_classes": train.num_classes,
             "input_shape": list(train.input_shape),
-            "num_clients": num_clients,
-            "alpha": alpha,
-            "seed": seed,
-            "min_size": min_size,
             "train_size": len(train),
             "client_files": names,
             "sizes": [len(c) for c in clients],

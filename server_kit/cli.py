@@ -319,6 +319,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         jobs=args.jobs,
         device=args.device,
         progress=not args.quiet,
+        resume=args.resume,
         **given,
     )
     result = simulate(config)
@@ -416,6 +417,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-size", type=int, default=10)
     p.add_argument("--out", required=True, type=out_dir, help="output directory (rerun to resume)")
+    p.add_argument(
+        "--resume",
+        default="auto",
+        choices=["auto", "strict", "off"],
+        help="a rerun into the same --out: auto reuses the partition, client bundles and inversion chunks "
+        "made with the same settings, data and code and redoes the rest; strict refuses files made "
+        "otherwise; off redoes everything (default auto)",
+    )
     p.add_argument(
         "--method",
         default="default",

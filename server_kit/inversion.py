@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.checks import from_preset
+from common.checks import differences, from_preset
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import step
@@ -379,13 +379,6 @@ def _module_hash(module: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _differences(a: object, b: object, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two JSON objects (for a readable mismatch message)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{prefix}{k}.")]
-    return [] if a == b else [prefix.rstrip(".")]
-
-
 def _prepare_work_dir(work_dir: Path, manifest: dict[str, object]) -> None:
     """Record the run in ``config.json``; refuse a directory written by a different run.
 
@@ -400,7 +393,7 @@ def _prepare_work_dir(work_dir: Path, manifest: dict[str, object]) -> None:
             raise DataError(f"{path} is unreadable ({err}); delete {work_dir} to start over") from err
         wanted = json.loads(json.dumps(manifest))  # tuples -> lists, as stored
         if existing != wanted:
-            differs = _differences(existing, wanted)
+            differs = differences(existing, wanted)
             raise ConfigError(
                 f"{work_dir} holds synthetic chunks of a different inversion run (differs in: {differs}); "
                 "use another work directory / output folder, or delete it to recompute"

@@ -7,7 +7,17 @@ the classifiers, where the default synthesis samples it.
 
 Clients run through `edge_sdk.client.run_client` (the code path of `edge-sdk run`) and the server through
 `server_kit.aggregate.aggregate` (the code path of `server-kit aggregate`), so a simulation measures the
-real toolkit. Finished client bundles are reused, so a killed simulation resumes where it stopped.
+real toolkit.
+
+Resume (``resume``, `--resume`): a rerun into the same ``out_dir`` reuses only what provably belongs to the
+run it would do now, and logs one line per client saying which it reused and which it redid and why.
+``data/`` is reused when ``partition.json`` records the same partition settings
+(:func:`edge_sdk.data.partition_settings`); a client's bundles when the :func:`edge_sdk.client.resume_key`
+its report records (its settings, the content hash of its data file, the code version) equals the one of
+this run; the server's inversion chunks (``server/synthetic/``) when ``server/inputs.json`` records the same
+inversion settings and upload hashes (:func:`_server_key`). ``auto`` redoes the rest, ``strict`` refuses a
+directory holding files made with other settings (one line naming them), ``off`` redoes everything.
+Files are named by :func:`edge_sdk.data.client_name` (``client_00``, ``client_000`` from 100 clients on).
 """
 
 from __future__ import annotations
@@ -15,23 +25,26 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import hashlib
 import json
+import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import shutil
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.checks import from_preset
+from common.checks import differences, from_preset
 from common.errors import BundleError, ConfigError
 from edge_sdk.artifacts import decoder_bundle_path
-from edge_sdk.client import ClientConfig, run_client
+from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
 from edge_sdk.cvae import CVAEConfig
-from edge_sdk.data import load_client_data, partition
+from edge_sdk.data import client_name, load_client_data, partition, partition_settings
 from edge_sdk.precision import check_precision
 from edge_sdk.profiling import usable_threads
 from edge_sdk.roles import resolve_role
@@ -40,14 +53,19 @@ from edge_sdk.strategies.base import SearchConfig
 from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.pso import PSOConfig
 from edge_sdk.train import release_memory
-from export.atomic import atomic_write_json
+from export.atomic import atomic_write_json, to_json
 from export.bundle import read_bundle
 from profiles import load_profile
 from server_kit.aggregate import AggregateConfig, aggregate
 from server_kit.evaluate import evaluate_onnx
 from server_kit.fusion import FusionConfig
 
-__all__ = ["SimulateConfig", "SimulateResult", "assign_profiles", "simulate"]
+__all__ = ["RESUME_MODES", "SimulateConfig", "SimulateResult", "assign_profiles", "simulate"]
+
+log = logging.getLogger(__name__)
+
+# what a rerun into the same out_dir does with the files of an earlier run (see the module docstring)
+RESUME_MODES = ("auto", "strict", "off")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,10 +100,17 @@ class SimulateConfig:
     jobs: int = 1
     device: str = "cpu"
     progress: bool = True
+    # auto: reuse the partition, client bundles and inversion chunks made with this run's settings, data and
+    # code, redo the rest; strict: refuse an out_dir holding any made otherwise; off: redo everything
+    resume: str = "auto"
 
     def __post_init__(self) -> None:
         if self.num_clients < 1:
             raise ConfigError(f"num_clients must be >= 1, got {self.num_clients}")
+        if self.resume not in RESUME_MODES:
+            raise ConfigError(
+                f"resume must be one of {RESUME_MODES}, got {self.resume!r}; auto reuses what matches"
+            )
         if self.jobs < 1:
             raise ConfigError(f"jobs must be >= 1, got {self.jobs}")
         check_precision(self.precision)
@@ -303,23 +328,62 @@ def _run_one(data_path: str, bundle_path: str, profile_name: str, config: Client
     return {"seconds": result.seconds}
 
 
-def _finished(bundle_path: Path, client_config: dict[str, Any]) -> bool:
-    """A client is done when its report (written last, atomically) was made with the same client settings
-    and every bundle it names reads back cleanly; a client made with other settings runs again."""
+@dataclass(frozen=True)
+class _Verdict:
+    """Whether earlier files can be reused; if not, why (``differs``: the recorded settings that differ,
+    which ``resume="strict"`` refuses; a missing or unreadable file is simply redone)."""
+
+    reuse: bool
+    reason: str = ""
+    differs: tuple[str, ...] = ()
+
+
+def _client_verdict(bundle_path: Path, wanted: dict[str, Any]) -> _Verdict:
+    """A client is reused when its report (written last, atomically) records the resume key ``wanted``
+    (:func:`edge_sdk.client.resume_key`, as JSON) and every bundle it names reads back cleanly."""
 
     report_path = bundle_path.with_name(bundle_path.name + ".report.json")
-    if not (bundle_path.is_file() and report_path.is_file()):
-        return False
+    if not report_path.is_file():
+        return _Verdict(False, "no finished bundle")
     try:
         report = json.loads(report_path.read_text(encoding="utf-8"))
-        paths = [bundle_path] + ([decoder_bundle_path(bundle_path)] if report.get("role") == "both" else [])
-        if report.get("config") != client_config:
-            return False
+        recorded = {key: report.get(key) for key in wanted}
+    except (OSError, ValueError, AttributeError) as err:
+        return _Verdict(False, f"unreadable report ({_first_line(err)})")
+    differs = differences(recorded, wanted)
+    if differs:
+        return _Verdict(False, f"made with other settings (differs in: {_named(differs)})", tuple(differs))
+    paths = [bundle_path] + ([decoder_bundle_path(bundle_path)] if report.get("role") == "both" else [])
+    try:
         for path in paths:
             read_bundle(path)
-    except (BundleError, OSError, ValueError):
-        return False
-    return True
+    except (BundleError, OSError, ValueError) as err:
+        return _Verdict(False, f"unreadable bundle ({_first_line(err)})")
+    return _Verdict(True)
+
+
+def _resume_key(client_config: ClientConfig, data_path: Path) -> dict[str, Any]:
+    """The resume key client ``data_path`` would record now, as its report stores it (JSON)."""
+    return json.loads(to_json(resume_key(client_config, load_client_data(data_path))))
+
+
+def _named(differs: Sequence[str], shown: int = 6) -> str:
+    """The differing keys for a one-line message: all of them up to ``shown``, then how many more."""
+    if len(differs) <= shown:
+        return str(list(differs))
+    return f"{list(differs[: shown - 1])} and {len(differs) - shown + 1} more"
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _refuse(what: Path, verdict: _Verdict) -> None:
+    raise ConfigError(
+        f"{what} was made with other settings (differs in: {_named(verdict.differs)}), --resume strict "
+        "reuses only matching files; fix: simulate into another --out, or --resume auto to redo it"
+    )
 
 
 def _uploads(bundle_path: Path) -> list[Path]:
@@ -340,23 +404,46 @@ def _client_sizes(data_dir: Path, num_clients: int) -> list[int]:
     return [0] * num_clients
 
 
-def _partition(config: SimulateConfig, data_dir: Path) -> list[Path]:
+def _partition_verdict(config: SimulateConfig, data_dir: Path) -> _Verdict:
+    """``data_dir`` is reused when ``partition.json`` records this run's partition settings and every
+    file it names is there; ``resume="off"`` partitions again."""
 
     manifest = data_dir / "partition.json"
-    wanted = {
-        "dataset": config.dataset,
-        "num_clients": config.num_clients,
-        "alpha": config.alpha,
-        "seed": config.seed,
-        "min_size": config.min_size,
-    }
-    if manifest.is_file():
+    if config.resume == "off":
+        return _Verdict(False, "--resume off")
+    if not manifest.is_file():
+        return _Verdict(False, "no earlier partition")
+    try:
         recorded = json.loads(manifest.read_text(encoding="utf-8"))
-        if all(recorded.get(k) == v for k, v in wanted.items()):
-            paths = [data_dir / f"client_{k:02d}.npz" for k in range(config.num_clients)]
-            if all(p.is_file() for p in paths) and (data_dir / "test.npz").is_file():
-                return paths
-    result = partition(
+        wanted = _partition_settings(config)
+        differs = differences({key: recorded.get(key) for key in wanted}, wanted)
+    except (OSError, ValueError, AttributeError) as err:
+        return _Verdict(False, f"unreadable manifest ({_first_line(err)})")
+    if differs:
+        return _Verdict(False, f"made with other settings (differs in: {_named(differs)})", tuple(differs))
+    names = [f"{name}.npz" for name in _client_names(config.num_clients)] + ["test.npz"]
+    missing = [name for name in names if not (data_dir / name).is_file()]
+    return _Verdict(False, f"missing {missing}") if missing else _Verdict(True)
+
+
+def _partition_settings(config: SimulateConfig) -> dict[str, Any]:
+    settings = partition_settings(
+        config.dataset,
+        num_clients=config.num_clients,
+        alpha=config.alpha,
+        seed=config.seed,
+        min_size=config.min_size,
+    )
+    return json.loads(to_json(settings))
+
+
+def _client_names(num_clients: int) -> list[str]:
+    return [client_name(k, num_clients) for k in range(num_clients)]
+
+
+def _partition(config: SimulateConfig, data_dir: Path) -> None:
+    """Partition the dataset into ``data_dir`` (runs in a worker process when jobs > 1)."""
+    partition(
         config.dataset,
         config.data_root,
         num_clients=config.num_clients,
@@ -365,7 +452,63 @@ def _partition(config: SimulateConfig, data_dir: Path) -> list[Path]:
         out_dir=data_dir,
         min_size=config.min_size,
     )
-    return list(result.client_paths)
+
+
+def _server_key(config: SimulateConfig, uploads: list[Path]) -> dict[str, Any]:
+    """What the server's reusable work, the inversion chunks in ``server/synthetic/``, is a function of: the
+    inversion settings, the server's seed, precision and device, the uploads' bytes and the code. A superset
+    of what the inversion's own record checks (it refuses a directory of another run rather than redoing
+    it), so a rerun with other clients or inversion settings redoes the chunks instead of stopping there."""
+    aggregate_config = config.aggregate
+    key = {
+        "inversion": aggregate_config.inversion.to_dict(),
+        "seed": aggregate_config.seed,
+        "precision": aggregate_config.precision,
+        "device": aggregate_config.device,
+        "uploads": {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in uploads},
+        "version": CODE_VERSION,
+    }
+    return json.loads(to_json(key))
+
+
+def _server_verdict(record: Path, key: dict[str, Any], resume: str) -> _Verdict:
+    """Whether the inversion chunks beside ``record`` were made from ``key``. Other uploads are not a
+    setting ``strict`` refuses: the clients passed their own check, so they are clients this run redid."""
+    if resume == "off":
+        return _Verdict(False, "--resume off")
+    try:
+        recorded = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        return _Verdict(False, f"no readable record of its inputs ({_first_line(err)})")
+    differs = differences(recorded, key)
+    if not differs:
+        return _Verdict(True)
+    settings = tuple(d for d in differs if d.split(".")[0] != "uploads")
+    return _Verdict(False, f"made from other inputs (differs in: {_named(differs)})", settings)
+
+
+def _prepare_server(server_dir: Path, key: dict[str, Any], resume: str) -> None:
+    """Keep ``server_dir/synthetic/`` only when ``server_dir/inputs.json`` records ``key``; otherwise redo
+    it, or with ``strict`` refuse it when its settings differ (chunks without a record, from older code,
+    ``strict`` leaves to the inversion's own check). The record is written before the server runs, so the
+    chunks a killed server leaves behind are those of the inputs it names."""
+
+    work, record = server_dir / "synthetic", server_dir / "inputs.json"
+    if work.exists() and resume == "strict" and not record.exists():
+        log.info(
+            "server: kept the inversion chunks in %s (no record of their inputs): the inversion checks", work
+        )
+    elif work.exists():
+        verdict = _server_verdict(record, key, resume)
+        if verdict.reuse:
+            log.info("server: reused the inversion chunks in %s (same inputs)", work)
+        elif resume == "strict" and verdict.differs:
+            _refuse(work, verdict)
+        else:
+            log.info("server: redone the inversion chunks in %s: %s", work, verdict.reason)
+            shutil.rmtree(work)
+    server_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(record, key)
 
 
 @dataclass(frozen=True)
@@ -382,10 +525,12 @@ class SimulateResult:
     global_accuracy: float | None
     mean_client_test_accuracy: float | None  # over the classifier clients; None when there are none
     synthetic_size: int
-    resumed_clients: int  # clients whose finished bundles were reused
+    resumed_clients: int  # clients whose finished bundles were reused (the rest ran)
     seconds: dict[str, float]
     started_at: float  # time.time() at the start (benchmarks/speed.py lines the phases up with it)
     server_report: Path  # the aggregation's report, relative to ``config.out_dir``
+    # the clients that ran, with why their earlier files were not reused ({"client": k, "reason": ...})
+    redone_clients: tuple[dict[str, Any], ...] = ()
 
     @property
     def phase_order(self) -> list[str]:
@@ -406,6 +551,7 @@ class SimulateResult:
             "started_at": self.started_at,
             "phase_order": self.phase_order,
             "server_report": str(self.server_report),
+            "redone_clients": list(self.redone_clients),
         }
 
 
@@ -423,26 +569,46 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         # (see _worker_pool), so this process never holds the dataset or a client's training garbage
         pool = stack.enter_context(_worker_pool(config.jobs)) if config.jobs > 1 else None
         t0 = time.perf_counter()
-        if pool is None:
-            data_paths = _partition(config, out / "data")
-            release_memory()  # the whole dataset was in this process; the clients read only their files
+        verdict = _partition_verdict(config, out / "data")
+        if verdict.reuse:
+            log.info("partition reused: %s has the same settings", out / "data")
+        elif config.resume == "strict" and verdict.differs:
+            _refuse(out / "data" / "partition.json", verdict)
         else:
-            data_paths = pool.submit(_partition, config, out / "data").result()
+            log.info("partition runs: %s", verdict.reason)
+            if pool is None:
+                _partition(config, out / "data")
+                release_memory()  # the whole dataset was in this process; the clients read only their files
+            else:
+                pool.submit(_partition, config, out / "data").result()
+        names_on_disk = _client_names(config.num_clients)
+        data_paths = [out / "data" / f"{name}.npz" for name in names_on_disk]
         seconds["partition"] = time.perf_counter() - t0
 
         # --- clients (each one is a device); reuse finished bundles so a killed run resumes ------------
         t0 = time.perf_counter()
         client_dir = out / "clients"
         client_dir.mkdir(parents=True, exist_ok=True)
-        bundles = [client_dir / f"client_{k:02d}.bundle" for k in range(config.num_clients)]
+        bundles = [client_dir / f"{name}.bundle" for name in names_on_disk]
         roles = _roles(config, names, out / "data" / "test.npz")
         init = _shared_init(config, roles, out / "data" / "test.npz")
         client_configs = [_client_config(config, k, roles[k], init) for k in range(config.num_clients)]
-        todo = [
-            k
+        verdicts = [
+            _Verdict(False, "--resume off")
+            if config.resume == "off"
+            else _client_verdict(bundles[k], _resume_key(client_configs[k], data_paths[k]))
             for k in range(config.num_clients)
-            if not _finished(bundles[k], json.loads(json.dumps(client_configs[k].to_dict())))
         ]
+        if config.resume == "strict":
+            for k, verdict in enumerate(verdicts):
+                if verdict.differs:
+                    _refuse(bundles[k], verdict)
+        for k, verdict in enumerate(verdicts):
+            if verdict.reuse:
+                log.info("%s reused: same settings, data and code", names_on_disk[k])
+            else:
+                log.info("%s runs: %s", names_on_disk[k], verdict.reason)
+        todo = [k for k in range(config.num_clients) if not verdicts[k].reuse]
         # largest clients first (longest-processing-time order): the last job to start is a short one,
         # so the workers finish close together instead of one waiting on a big client started last
         sizes = _client_sizes(out / "data", config.num_clients)
@@ -460,6 +626,7 @@ def simulate(config: SimulateConfig) -> SimulateResult:
     # --- server ------------------------------------------------------------------------------------------
     test = load_client_data(out / "data" / "test.npz")
     uploads = [path for bundle in bundles for path in _uploads(bundle)]
+    _prepare_server(out / "server", _server_key(config, uploads), config.resume)
     agg = aggregate(
         uploads, out / "server", config=config.aggregate, eval_data=test, progress=config.progress
     )
@@ -517,6 +684,7 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         seconds={k: round(v, 3) for k, v in seconds.items()},
         started_at=started_at,
         server_report=agg.report_path.relative_to(out),
+        redone_clients=tuple({"client": k, "reason": verdicts[k].reason} for k in sorted(todo)),
     )
     atomic_write_json(out / "results.json", result.to_dict())
     return result

@@ -15,10 +15,13 @@ from common.errors import ConfigError, DataError
 from edge_sdk.data import (
     DATASETS,
     ArrayDataset,
+    client_name,
+    data_sha256,
     dirichlet_partition,
     load_client_data,
     load_dataset,
     partition,
+    partition_settings,
     save_client_data,
     split_train_val,
 )
@@ -374,6 +377,39 @@ def test_partition_rerun_replaces_stale_clients_and_pads_names(tmp_path: Path) -
         "digits", None, num_clients=100, alpha=100.0, seed=0, out_dir=tmp_path / "many", min_size=1
     )
     assert many.client_paths[0].name == "client_000.npz" and many.client_paths[-1].name == "client_099.npz"
+
+
+def test_client_names_are_padded_to_the_digits_of_the_client_count() -> None:
+    # at least two digits; three from 100 clients on, so one run's names sort in client order
+    assert [client_name(k, 9) for k in (0, 8)] == ["client_00", "client_08"]
+    assert client_name(9, 10) == "client_09"
+    assert [client_name(k, 100) for k in (0, 7, 99)] == ["client_000", "client_007", "client_099"]
+    assert client_name(1000, 1001) == "client_1000"
+    names = [client_name(k, 120) for k in range(120)]
+    assert sorted(names) == names and len({len(n) for n in names}) == 1
+    with pytest.raises(ConfigError, match=r"client index must be in \[0, 3\), got 3"):
+        client_name(3, 3)
+
+
+def test_data_hash_follows_the_content_not_the_file(tmp_path: Path) -> None:
+    ds = make_ds()
+    first = save_client_data(tmp_path / "a.npz", ds)
+    again = save_client_data(tmp_path / "b.npz", make_ds())
+    assert data_sha256(load_client_data(first)) == data_sha256(load_client_data(again)) == data_sha256(ds)
+    y = ds.y.clone()
+    y[0] = (y[0] + 1) % ds.num_classes
+    assert data_sha256(ArrayDataset(ds.x, y, ds.num_classes)) != data_sha256(ds)
+    assert data_sha256(ArrayDataset(ds.x, ds.y, ds.num_classes + 1)) != data_sha256(ds)
+
+
+def test_partition_records_the_settings_a_rerun_compares(tmp_path: Path) -> None:
+    result = partition("Digits", None, num_clients=2, alpha=1, seed=3, out_dir=tmp_path, min_size=5)
+    manifest = json.loads(result.manifest_path.read_text())
+    settings = partition_settings("digits", num_clients=2, alpha=1.0, seed=3, min_size=5)
+    assert settings == {k: manifest[k] for k in settings}
+    assert set(settings) == {"scheme", "dataset", "num_clients", "alpha", "seed", "min_size"}
+    with pytest.raises(ConfigError, match="alpha"):
+        partition_settings("digits", num_clients=2, alpha=0, seed=3)
 
 
 @pytest.mark.parametrize(

@@ -125,11 +125,12 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     assert json.loads((tmp_path / "server" / "report.json").read_text())["training"] == "FedMHO-sd"
     # other initial weights are another client setting: a resume would train the classifiers again
     from edge_sdk.shared_init import initial_weights
-    from server_kit.simulate import SimulateConfig, _client_config, _finished
+    from server_kit.simulate import SimulateConfig, _client_config, _client_verdict, _resume_key
 
     config = SimulateConfig.preset("fedmho", dataset="digits", out_dir=tmp_path, num_clients=4, alpha=1.0)
-    bundle = tmp_path / "clients" / "client_00.bundle"
+    bundle, data = tmp_path / "clients" / "client_00.bundle", tmp_path / "data" / "client_00.npz"
     init = tmp_path / "init.onnx"
-    assert _finished(bundle, _client_config(config, 0, "classifier", init).to_dict())
+    assert _client_verdict(bundle, _resume_key(_client_config(config, 0, "classifier", init), data)).reuse
     init.write_bytes(initial_weights(config.search.fixed_arch, (1, 8, 8), 10, seed=1))
-    assert not _finished(bundle, _client_config(config, 0, "classifier", init).to_dict())
+    changed = _client_verdict(bundle, _resume_key(_client_config(config, 0, "classifier", init), data))
+    assert not changed.reuse and changed.differs == ("config.init.sha256",)

@@ -2,13 +2,26 @@
 
 import dataclasses
 import json
+import logging
+import shutil
 
 import pytest
 
 from common.errors import ConfigError
+from edge_sdk.client import CODE_VERSION
+from edge_sdk.data import client_name
 from export.bundle import read_bundle
 from server_kit.cli import main
-from server_kit.simulate import SimulateResult, _finished, _uploads, assign_profiles
+from server_kit.simulate import (
+    SimulateConfig,
+    SimulateResult,
+    _client_config,
+    _client_verdict,
+    _partition_verdict,
+    _prepare_server,
+    _uploads,
+    assign_profiles,
+)
 
 TINY = [
     "simulate", "--dataset", "digits", "--num-clients", "3", "--alpha", "1.0", "--seed", "0", "--quiet",
@@ -54,7 +67,7 @@ def test_results_have_every_field(federation):
             "seconds",
         } <= set(client)
         assert client["candidate_epochs"] > 0
-        bundle = read_bundle(out / "clients" / f"client_{client['client']:02d}.bundle")
+        bundle = read_bundle(out / "clients" / f"{client_name(client['client'], 3)}.bundle")
         assert bundle.arch == client["arch"]
         # every client model respects its device budget
         assert (
@@ -88,28 +101,39 @@ def test_rerun_resumes_finished_clients(federation):
     assert again["global_accuracy"] == pytest.approx(results["global_accuracy"])
 
 
-def test_classifier_devices_upload_a_decoder_and_a_resume_checks_the_settings(federation):
+def test_classifier_devices_upload_a_decoder_and_a_resume_checks_the_settings(federation, tmp_path):
     out, _ = federation
     clients = out / "clients"
     # every profile here fits a digits CVAE beside its classifier (role auto -> both)
-    assert all((clients / f"client_{k:02d}.decoder.bundle").is_file() for k in range(3))
+    assert all((clients / f"{client_name(k, 3)}.decoder.bundle").is_file() for k in range(3))
     assert read_bundle(clients / "client_00.decoder.bundle").kind == "cvae_decoder"
     assert _uploads(clients / "client_00.bundle") == [
         clients / "client_00.bundle",
         clients / "client_00.decoder.bundle",
     ]
-    recorded = json.loads((clients / "client_00.bundle.report.json").read_text())["config"]
-    assert _finished(clients / "client_00.bundle", recorded)
-    assert not _finished(clients / "client_00.bundle", {**recorded, "seed": recorded["seed"] + 1})
+    report = json.loads((clients / "client_00.bundle.report.json").read_text())
+    recorded = {key: report[key] for key in ("config", "data_sha256", "version")}
+    assert recorded["version"] == CODE_VERSION and len(recorded["data_sha256"]) == 64
+    assert _client_verdict(clients / "client_00.bundle", recorded).reuse
+    changed = _client_verdict(clients / "client_00.bundle", {**recorded, "version": "0.0.0+client.0"})
+    assert not changed.reuse and changed.differs == ("version",)
+    seed = {**recorded, "config": {**recorded["config"], "seed": recorded["config"]["seed"] + 1}}
+    assert _client_verdict(clients / "client_00.bundle", seed).differs == ("config.seed",)
     # a client made without the unknown output is redone when the federation asks for it
-    from server_kit.simulate import SimulateConfig, _client_config
-
     federation = SimulateConfig(dataset="digits", out_dir=out, unknown_output=True)
     fedov = _client_config(federation, 0, "both", None)
-    assert fedov.unknown_output and not _finished(clients / "client_00.bundle", fedov.to_dict())
-    (clients / "client_01.decoder.bundle").write_bytes(b"torn")  # a broken upload is redone
-    recorded = json.loads((clients / "client_01.bundle.report.json").read_text())["config"]
-    assert not _finished(clients / "client_01.bundle", recorded)
+    wanted = {**recorded, "config": json.loads(json.dumps(fedov.to_dict()))}
+    assert (
+        fedov.unknown_output
+        and "config.unknown_output" in _client_verdict(clients / "client_00.bundle", wanted).differs
+    )
+    # a broken upload is redone (torn in a copy: the later tests rerun copies of this federation)
+    for name in ("client_01.bundle", "client_01.bundle.report.json", "client_01.decoder.bundle"):
+        shutil.copy(clients / name, tmp_path / name)
+    (tmp_path / "client_01.decoder.bundle").write_bytes(b"torn")
+    report = json.loads((tmp_path / "client_01.bundle.report.json").read_text())
+    torn = _client_verdict(tmp_path / "client_01.bundle", {key: report[key] for key in recorded})
+    assert not torn.reuse and torn.differs == () and "unreadable bundle" in torn.reason
 
 
 def test_profile_assignment(tmp_path):
@@ -134,7 +158,7 @@ def test_worker_processes_train_the_same_clients(federation, tmp_path):
     out, _ = federation
     assert main([*TINY, "--jobs", "2", "--out", str(tmp_path)]) == 0
     for k in range(3):
-        name = f"client_{k:02d}.bundle"
+        name = f"{client_name(k, 3)}.bundle"
         ours, theirs = read_bundle(tmp_path / "clients" / name), read_bundle(out / "clients" / name)
         assert (ours.arch, ours.label_counts) == (theirs.arch, theirs.label_counts)
         assert ours.model_onnx == theirs.model_onnx
@@ -143,3 +167,110 @@ def test_worker_processes_train_the_same_clients(federation, tmp_path):
     ).read_bytes()
     server = getattr(multiprocessing.forkserver, "_forkserver", None)
     assert getattr(server, "_forkserver_pid", None) is None
+
+
+def _bundles(out):
+    return {p.name: p.read_bytes() for p in (out / "clients").glob("*.bundle")}
+
+
+def _with(args, **flags):
+    """TINY with ``--flag value`` replaced or added."""
+    args = list(args)
+    for flag, value in flags.items():
+        name = "--" + flag.replace("_", "-")
+        if name in args:
+            args[args.index(name) + 1] = value
+        else:
+            args += [name, value]
+    return args
+
+
+def test_changed_epochs_redo_every_client(federation, tmp_path, caplog):
+    # the done-when of issue #20: a rerun into the same --out with other training epochs must not reuse
+    # the bundles of the earlier epochs; it redoes them, and the server's inversion chunks with them
+    out = tmp_path / "run"
+    shutil.copytree(federation[0], out)
+    before = _bundles(out)
+    with caplog.at_level(logging.INFO, logger="server_kit.simulate"):
+        assert main([*_with(TINY, final_epochs="11"), "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["resumed_clients"] == 0 and [r["client"] for r in results["redone_clients"]] == [0, 1, 2]
+    assert all("config.search.final_epochs" in r["reason"] for r in results["redone_clients"])
+    after = _bundles(out)
+    assert set(after) == set(before) and all(after[name] != before[name] for name in before)
+    for k in range(3):
+        name = client_name(k, 3)
+        assert read_bundle(out / "clients" / f"{name}.bundle").metrics["final_epochs"] == 11
+        line = f"{name} runs: made with other settings (differs in: ['config.search.final_epochs'])"
+        assert line in caplog.messages
+    assert "partition reused" in caplog.text and "server: redone the inversion chunks" in caplog.text
+    assert json.loads((out / "server" / "inputs.json").read_text())["version"] == CODE_VERSION
+
+
+def test_strict_refuses_a_changed_config_in_one_line_and_resumes_an_unchanged_one(federation, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(federation[0], out)
+    before = _bundles(out)
+    with pytest.raises(ConfigError) as err:
+        main(["--debug", *_with(TINY, final_epochs="11", resume="strict"), "--out", str(out)])
+    message = str(err.value)
+    assert "\n" not in message and "client_00.bundle was made with other settings" in message
+    assert "['config.search.final_epochs']" in message and "--resume auto" in message and "--out" in message
+    assert _bundles(out) == before  # nothing was retrained
+    assert main([*_with(TINY, resume="strict"), "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["resumed_clients"] == 3 and results["redone_clients"] == []
+    assert _bundles(out) == before
+
+
+def test_changed_alpha_redoes_the_partition_and_the_clients(federation, tmp_path, caplog):
+    out = tmp_path / "run"
+    shutil.copytree(federation[0], out)
+    old_data = (out / "data" / "client_00.npz").read_bytes()
+    with caplog.at_level(logging.INFO, logger="server_kit.simulate"):
+        assert main([*_with(TINY, alpha="0.5"), "--out", str(out)]) == 0
+    assert json.loads((out / "data" / "partition.json").read_text())["alpha"] == 0.5
+    assert (out / "data" / "client_00.npz").read_bytes() != old_data
+    assert "partition runs: made with other settings (differs in: ['alpha'])" in caplog.messages
+    results = json.loads((out / "results.json").read_text())
+    assert results["resumed_clients"] == 0
+    assert all(
+        r["reason"] == "made with other settings (differs in: ['data_sha256'])"
+        for r in results["redone_clients"]
+    )
+
+
+def test_resume_off_redoes_what_matches_and_the_mode_is_validated(federation):
+    out, _ = federation
+    config = SimulateConfig(dataset="digits", num_clients=3, alpha=1.0, out_dir=out)
+    assert _partition_verdict(config, out / "data").reuse
+    off = _partition_verdict(dataclasses.replace(config, resume="off"), out / "data")
+    assert not off.reuse and off.reason == "--resume off"
+    assert _partition_verdict(dataclasses.replace(config, min_size=11), out / "data").differs == ("min_size",)
+    with pytest.raises(ConfigError, match="resume must be one of"):
+        SimulateConfig(dataset="digits", out_dir=out, resume="always")
+
+
+def test_server_chunks_are_kept_only_for_the_same_inputs(tmp_path):
+    server = tmp_path / "server"
+    (server / "synthetic").mkdir(parents=True)
+    (server / "synthetic" / "chunk.npz").write_bytes(b"x")
+    key = {"inversion": {"steps": 40}, "uploads": {"client_00.bundle": "ab"}}
+    _prepare_server(server, key, "strict")  # no record (older code): left to the inversion's own check
+    assert (server / "synthetic" / "chunk.npz").is_file()
+    _prepare_server(server, key, "auto")  # recorded now: the same inputs keep the chunks
+    assert (server / "synthetic" / "chunk.npz").is_file()
+    other = {**key, "inversion": {"steps": 41}}
+    with pytest.raises(ConfigError, match=r"differs in: \['inversion.steps'\].*--resume auto"):
+        _prepare_server(server, other, "strict")
+    assert (server / "synthetic" / "chunk.npz").is_file()
+    # other uploads alone (clients this run redid, having passed their own check): redone, even by strict
+    _prepare_server(server, {**key, "uploads": {"client_00.bundle": "cd"}}, "strict")
+    assert not (server / "synthetic").exists()
+    (server / "synthetic").mkdir()
+    _prepare_server(server, other, "auto")
+    assert not (server / "synthetic").exists()
+    assert json.loads((server / "inputs.json").read_text()) == other
+    (server / "synthetic").mkdir()
+    _prepare_server(server, other, "off")
+    assert not (server / "synthetic").exists()
