@@ -17,8 +17,8 @@ global with the decoders against 77 % from the classifiers alone; benchmarks/RES
 CVAE that trains in seconds. ``classifier`` uploads the classifier only.
 
 The report beside the bundle records the run's :func:`resume_key` (the settings of the role, the content
-hash of the data, the code version): `server-kit simulate` reuses a finished client only when all three
-match what it would run now.
+hash of the data, the device's budgets, the code version): `server-kit simulate` reuses a finished client
+only when all of it matches what it would run now.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from edge_sdk.train import release_memory
 from export.atomic import atomic_write_json
 from profiles import DeviceProfile
 
-__all__ = ["CODE_VERSION", "ClientConfig", "ClientResult", "resume_key", "run_client"]
+__all__ = ["CODE_VERSION", "PROFILE_KEY_FIELDS", "ClientConfig", "ClientResult", "resume_key", "run_client"]
 
 
 FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epochs
@@ -153,12 +153,24 @@ class ClientConfig:
         return out | ({"unknown_output": True} if self.unknown_output else {}) | {"precision": precision}
 
 
-def resume_key(config: ClientConfig, data: ArrayDataset) -> dict[str, Any]:
+# the fields of a device profile its client's files depend on (the budgets and the role hint; the
+# description, where gflops was measured and the core count are informational)
+PROFILE_KEY_FIELDS = ("name", "memory_mb", "gflops", "max_flops", "max_params", "role", "time_budget_s")
+
+
+def resume_key(config: ClientConfig, data: ArrayDataset, profile: DeviceProfile) -> dict[str, Any]:
     """What a client's files are a function of, as its report records it: ``config`` (the settings of
     the role, :meth:`ClientConfig.to_dict`), ``data_sha256`` (the content of the data it trained on,
-    :func:`edge_sdk.data.data_sha256`) and ``version`` (:data:`CODE_VERSION`). A resume compares the
-    recorded key with the one of the run it would do; any difference means the files are another run's."""
-    return {"config": config.to_dict(), "data_sha256": data_sha256(data), "version": CODE_VERSION}
+    :func:`edge_sdk.data.data_sha256`), ``device_profile`` (the budgets it searched under) and
+    ``version`` (:data:`CODE_VERSION`). A resume compares the recorded key with the one of the run it
+    would do; any difference means the files are another run's."""
+    budget = profile.to_dict()
+    return {
+        "config": config.to_dict(),
+        "data_sha256": data_sha256(data),
+        "device_profile": {name: budget[name] for name in PROFILE_KEY_FIELDS},
+        "version": CODE_VERSION,
+    }
 
 
 def _file_sha256(path: str) -> str | None:
@@ -199,7 +211,7 @@ def run_client(
     role = resolve_role(config.role, profile, data.input_shape, data.num_classes, config.search, config.cvae)
     report_path = out.with_name(out.name + ".report.json")
     seconds: dict[str, float] = {}
-    report: dict[str, Any] = {"role": role, "profile": profile.name} | resume_key(config, data)
+    report: dict[str, Any] = {"role": role, "profile": profile.name} | resume_key(config, data, profile)
     result: ClientResult | None = None
     if role in ("classifier", "both"):
         result = _run_classifier(train_split, val_split, profile, config, out, seconds, report)

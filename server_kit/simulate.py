@@ -13,10 +13,11 @@ Resume (``resume``, `--resume`): a rerun into the same ``out_dir`` reuses only w
 run it would do now, and logs one line per client saying which it reused and which it redid and why.
 ``data/`` is reused when ``partition.json`` records the same partition settings
 (:func:`edge_sdk.data.partition_settings`); a client's bundles when the :func:`edge_sdk.client.resume_key`
-its report records (its settings, the content hash of its data file, the code version) equals the one of
-this run; the server's inversion chunks (``server/synthetic/``) when ``server/inputs.json`` records the same
-inversion settings and upload hashes (:func:`_server_key`). ``auto`` redoes the rest, ``strict`` refuses a
-directory holding files made with other settings (one line naming them), ``off`` redoes everything.
+its report records (its settings, the content hash of its data file, its device's budgets, the code
+version) equals the one of this run; the server's inversion chunks (``server/synthetic/``) when
+``server/inputs.json`` records the same inversion settings and upload hashes (:func:`_server_key`).
+``auto`` redoes the rest, ``strict`` refuses a directory holding files made with other settings (one line
+naming them), ``off`` redoes everything.
 Files are named by :func:`edge_sdk.data.client_name` (``client_00``, ``client_000`` from 100 clients on).
 """
 
@@ -362,9 +363,10 @@ def _client_verdict(bundle_path: Path, wanted: dict[str, Any]) -> _Verdict:
     return _Verdict(True)
 
 
-def _resume_key(client_config: ClientConfig, data_path: Path) -> dict[str, Any]:
-    """The resume key client ``data_path`` would record now, as its report stores it (JSON)."""
-    return json.loads(to_json(resume_key(client_config, load_client_data(data_path))))
+def _resume_key(client_config: ClientConfig, data_path: Path, profile_name: str) -> dict[str, Any]:
+    """The resume key the client of ``data_path`` would record now, as its report stores it (JSON)."""
+    data, profile = load_client_data(data_path), load_profile(profile_name)
+    return json.loads(to_json(resume_key(client_config, data, profile)))
 
 
 def _named(differs: Sequence[str], shown: int = 6) -> str:
@@ -596,7 +598,7 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         verdicts = [
             _Verdict(False, "--resume off")
             if config.resume == "off"
-            else _client_verdict(bundles[k], _resume_key(client_configs[k], data_paths[k]))
+            else _client_verdict(bundles[k], _resume_key(client_configs[k], data_paths[k], names[k]))
             for k in range(config.num_clients)
         ]
         if config.resume == "strict":

@@ -130,7 +130,9 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     config = SimulateConfig.preset("fedmho", dataset="digits", out_dir=tmp_path, num_clients=4, alpha=1.0)
     bundle, data = tmp_path / "clients" / "client_00.bundle", tmp_path / "data" / "client_00.npz"
     init = tmp_path / "init.onnx"
-    assert _client_verdict(bundle, _resume_key(_client_config(config, 0, "classifier", init), data)).reuse
+    client = _client_config(config, 0, "classifier", init)
+    assert _client_verdict(bundle, _resume_key(client, data, "laptop-cpu")).reuse
     init.write_bytes(initial_weights(config.search.fixed_arch, (1, 8, 8), 10, seed=1))
-    changed = _client_verdict(bundle, _resume_key(_client_config(config, 0, "classifier", init), data))
+    client = _client_config(config, 0, "classifier", init)
+    changed = _client_verdict(bundle, _resume_key(client, data, "laptop-cpu"))
     assert not changed.reuse and changed.differs == ("config.init.sha256",)

@@ -112,13 +112,17 @@ def test_classifier_devices_upload_a_decoder_and_a_resume_checks_the_settings(fe
         clients / "client_00.decoder.bundle",
     ]
     report = json.loads((clients / "client_00.bundle.report.json").read_text())
-    recorded = {key: report[key] for key in ("config", "data_sha256", "version")}
+    recorded = {key: report[key] for key in ("config", "data_sha256", "device_profile", "version")}
     assert recorded["version"] == CODE_VERSION and len(recorded["data_sha256"]) == 64
+    assert recorded["device_profile"]["name"] == "laptop-cpu"
     assert _client_verdict(clients / "client_00.bundle", recorded).reuse
     changed = _client_verdict(clients / "client_00.bundle", {**recorded, "version": "0.0.0+client.0"})
     assert not changed.reuse and changed.differs == ("version",)
     seed = {**recorded, "config": {**recorded["config"], "seed": recorded["config"]["seed"] + 1}}
     assert _client_verdict(clients / "client_00.bundle", seed).differs == ("config.seed",)
+    # another device (a smaller budget) searches another space: redone too
+    small = {**recorded, "device_profile": {**recorded["device_profile"], "max_flops": 1000}}
+    assert _client_verdict(clients / "client_00.bundle", small).differs == ("device_profile.max_flops",)
     # a client made without the unknown output is redone when the federation asks for it
     federation = SimulateConfig(dataset="digits", out_dir=out, unknown_output=True)
     fedov = _client_config(federation, 0, "both", None)
