@@ -201,10 +201,14 @@ def test_changed_epochs_redo_every_client(federation, tmp_path, caplog):
     assert results["resumed_clients"] == 0 and [r["client"] for r in results["redone_clients"]] == [0, 1, 2]
     assert all("config.search.final_epochs" in r["reason"] for r in results["redone_clients"])
     after = _bundles(out)
-    assert set(after) == set(before) and all(after[name] != before[name] for name in before)
+    # the classifiers trained longer; the decoders, retrained from the same seed and data, may come out equal
+    assert set(after) == set(before)
+    assert all(after[name] != before[name] for name in before if not name.endswith(".decoder.bundle"))
     for k in range(3):
         name = client_name(k, 3)
         assert read_bundle(out / "clients" / f"{name}.bundle").metrics["final_epochs"] == 11
+        report = json.loads((out / "clients" / f"{name}.bundle.report.json").read_text())
+        assert report["config"]["search"]["final_epochs"] == 11 and "decoder" in report
         line = f"{name} runs: made with other settings (differs in: ['config.search.final_epochs'])"
         assert line in caplog.messages
     assert "partition reused" in caplog.text and "server: redone the inversion chunks" in caplog.text
