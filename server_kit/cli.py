@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.cli import (
+    Output,
     cli_main,
+    json_text,
     out_dir,
     out_file,
     overrides,
-    print_json,
     print_skipped,
     root_parser,
     with_knobs,
@@ -61,7 +62,7 @@ DISTILL_KNOBS = {
     "distill_epochs": "epochs",
     "distill_lr": "lr",
     "distill_batch_size": "batch_size",
-    "tau": "tau",
+    "distill_tau": "tau",
     "distill_shift": "shift",
 }
 
@@ -101,7 +102,8 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--fusion",
         choices=["ce", "md", "sd"],
-        help="FedMHO: init (FedAvg or consensus distillation), then train on decoder samples with this loss",
+        help="FedMHO: init (FedAvg or consensus distillation), then train on decoder samples with this loss; "
+        "the --fusion-* options need it (or a preset with fusion)",
     )
     g.add_argument(
         "--fusion-preset", help="FedMHO Table 3 settings: mnist (default), fashionmnist, svhn, emnist, fast"
@@ -210,7 +212,11 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--distill-epochs", type=int)
     g.add_argument("--distill-lr", type=float)
     g.add_argument("--distill-batch-size", type=int)
-    g.add_argument("--tau", type=float, help="distillation temperature (paper: 4)")
+    g.add_argument(
+        "--distill-tau",
+        type=float,
+        help="distillation temperature (paper: 4; was --tau, which edge-sdk personalize uses for PKT)",
+    )
     g.add_argument(
         "--distill-shift", type=float, help="random shift of distillation batches (fraction of side)"
     )
@@ -260,7 +266,12 @@ def aggregate_config(
 
         mode = args.fusion or (base.fusion.mode if base.fusion is not None else None)
         if mode is None:
-            raise ConfigError("the --fusion-* options configure FedMHO's fusion: add --fusion ce|md|sd")
+            dests = ("fusion_preset", "fusion_epochs", "fusion_lr", "fusion_lambda", "fusion_teacher")
+            named = ["--" + d.replace("_", "-") for d in dests if getattr(args, d) is not None]
+            raise ConfigError(
+                f"{', '.join(named)} configure FedMHO's fusion, which is off: expected --fusion ce|md|sd "
+                "with them; add --fusion or drop them"
+            )
         if base.fusion is not None and args.fusion_preset is None:
             top["fusion"] = dataclasses.replace(base.fusion, mode=mode, **given)
         else:
@@ -276,26 +287,34 @@ def aggregate_config(
     )
 
 
-def cmd_aggregate(args: argparse.Namespace) -> None:
+def cmd_aggregate(args: argparse.Namespace) -> Output:
     from edge_sdk.data import load_client_data
     from server_kit.aggregate import aggregate
 
     config = aggregate_config(args, seed=args.seed)
     eval_data = load_client_data(args.eval) if args.eval else None
     result = aggregate(args.bundles, args.out, config=config, eval_data=eval_data, progress=not args.quiet)
-    print_skipped("server-kit", result.report["skipped"])
+    print_skipped(result.report["skipped"])
     acc = "" if result.accuracy is None else f"; test accuracy {result.accuracy:.4f}"
-    print(f"wrote {result.global_onnx} ({result.synthetic_size} synthetic samples){acc}")
+    data = {
+        "accuracy": result.accuracy,
+        "synthetic_size": result.synthetic_size,
+        "skipped": result.report["skipped"],
+        "wrote": [str(result.global_onnx), str(result.report_path)],
+    }
+    return Output(data, [f"wrote {result.global_onnx} ({result.synthetic_size} synthetic samples){acc}"])
 
 
-def cmd_evaluate(args: argparse.Namespace) -> None:
+def cmd_evaluate(args: argparse.Namespace) -> Output:
+    """The metrics as JSON in both formats (it always was: scripts parse it)."""
     from edge_sdk.data import load_client_data
     from server_kit.evaluate import evaluate_onnx
 
-    print_json(evaluate_onnx(args.model, load_client_data(args.data)))
+    metrics = evaluate_onnx(args.model, load_client_data(args.data))
+    return Output(metrics, [json_text(metrics)])
 
 
-def cmd_simulate(args: argparse.Namespace) -> None:
+def cmd_simulate(args: argparse.Namespace) -> Output:
     from server_kit.simulate import SimulateConfig, simulate
 
     base = SimulateConfig.preset(args.method, dataset=args.dataset, out_dir=Path(args.out))
@@ -322,25 +341,38 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         **given,
     )
     result = simulate(config)
-    print(
+    line = (
         f"global accuracy {result.global_accuracy:.4f} "
         f"(mean classifier client {result.mean_client_test_accuracy or float('nan'):.4f}) "
         f"in {result.seconds['total']:.0f} s; wrote {config.out_dir / 'results.json'}"
     )
+    data = {
+        "global_accuracy": result.global_accuracy,
+        "mean_client_test_accuracy": result.mean_client_test_accuracy,
+        "resumed_clients": result.resumed_clients,
+        "seconds": result.seconds,
+        "wrote": str(config.out_dir / "results.json"),
+    }
+    return Output(data, [line])
 
 
-def cmd_personalize(args: argparse.Namespace) -> None:
+def cmd_personalize(args: argparse.Namespace) -> Output:
     from server_kit.pke import PKEConfig, personalize_server
 
     knobs = overrides(args, ["epochs", "lr", "batch_size", "mu", "max_inputs", "seed", "device"])
     result = personalize_server(
         args.bundles, args.aggregate, args.out, config=PKEConfig(**knobs), progress=not args.quiet
     )
-    print_skipped("server-kit", result.report["skipped"])
-    print(f"wrote {len(result.packages)} packages and {result.report_path}")
+    print_skipped(result.report["skipped"])
+    data = {
+        "packages": [str(path) for path in result.packages],
+        "skipped": result.report["skipped"],
+        "wrote": str(result.report_path),
+    }
+    return Output(data, [f"wrote {len(result.packages)} packages and {result.report_path}"])
 
 
-def cmd_supernet(args: argparse.Namespace) -> None:
+def cmd_supernet(args: argparse.Namespace) -> Output:
     from server_kit.supernet import SupernetConfig, supernet_from_bundles
 
     knobs = overrides(args, ["steps", "batch_size", "lr", "random_subnets", "seed", "device"])
@@ -352,12 +384,19 @@ def cmd_supernet(args: argparse.Namespace) -> None:
         config=SupernetConfig(**knobs),
         progress=not args.quiet,
     )
-    print_skipped("server-kit", report["skipped"])
+    print_skipped(report["skipped"])
     steps, inputs = report["config"]["steps"], report["inputs"]
-    print(f"wrote {args.out} ({steps} steps on {inputs} {report['data']} inputs)")
+    data = {
+        "steps": steps,
+        "inputs": inputs,
+        "data": report["data"],
+        "skipped": report["skipped"],
+        "wrote": args.out,
+    }
+    return Output(data, [f"wrote {args.out} ({steps} steps on {inputs} {report['data']} inputs)"])
 
 
-def cmd_init(args: argparse.Namespace) -> None:
+def cmd_init(args: argparse.Namespace) -> Output:
     from edge_sdk.data import load_client_data
     from edge_sdk.shared_init import write_initial_weights
 
@@ -375,14 +414,17 @@ def cmd_init(args: argparse.Namespace) -> None:
     else:
         raise ConfigError("give the task: --data FILE.npz, or --input-shape C,H,W and --num-classes N")
     path = write_initial_weights(args.out, args.arch, shape, classes, seed=args.seed)  # type: ignore[arg-type]
-    print(f"wrote {path} (initial weights of {args.arch} for {classes} classes of {shape}, seed {args.seed})")
+    line = f"wrote {path} (initial weights of {args.arch} for {classes} classes of {shape}, seed {args.seed})"
+    data = {"arch": args.arch, "input_shape": list(shape), "num_classes": classes, "seed": args.seed}
+    return Output(data | {"wrote": str(path)}, [line])
 
 
-def cmd_hetero_avg(args: argparse.Namespace) -> None:
+def cmd_hetero_avg(args: argparse.Namespace) -> Output:
     from server_kit.hetero_avg import hetero_fedavg
 
     report = hetero_fedavg(args.bundles, args.supernet, args.out)
-    print(f"wrote {len(report['clients'])} personalised models and the aggregated supernet to {args.out}")
+    line = f"wrote {len(report['clients'])} personalised models and the aggregated supernet to {args.out}"
+    return Output({"clients": report["clients"], "wrote": args.out}, [line])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -397,9 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("bundles", nargs="+", help="client bundle files")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthesis and the student")
     p.add_argument("--eval", help="test .npz to report accuracy on")
-    p.add_argument("--quiet", action="store_true")
     add_aggregate_args(p)
 
     p = command("evaluate", cmd_evaluate, "accuracy of an ONNX classifier on a .npz (JSON)")
@@ -411,10 +452,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dataset", required=True, help="mnist, fashionmnist, cifar10, svhn or digits")
     p.add_argument("--data-root", help="torchvision-layout dataset root (not needed for digits)")
-    p.add_argument("--num-clients", type=int, default=10)
-    p.add_argument("--alpha", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-size", type=int, default=10)
+    p.add_argument("--num-clients", type=int, default=10, help="clients (devices) of the federation")
+    p.add_argument(
+        "--alpha", type=float, default=0.5, help="Dirichlet concentration of the split (smaller = more skew)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of everything: split, client k's seed + k, server"
+    )
+    p.add_argument("--min-size", type=int, default=10, help="minimum samples per client")
     p.add_argument("--out", required=True, type=out_dir, help="output directory (rerun to resume)")
     p.add_argument(
         "--method",
@@ -440,9 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--profile-map", help="TOML: default = 'name' and [clients] index = 'name'")
     p.add_argument("--jobs", type=int, default=1, help="clients trained in parallel processes")
-    p.add_argument("--val-fraction", type=float, default=0.2)
-    p.add_argument("--device", default="cpu", help="client training device")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--val-fraction", type=float, default=0.2, help="each client's local validation split")
+    p.add_argument("--device", default="cpu", help="client training device: cpu, cuda or auto")
     add_search_args(p)
     add_cvae_knobs(p)
     add_unknown_arg(p)
@@ -463,7 +507,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-inputs", type=int, help="distillation inputs per package (default 2000)")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="cpu or cuda")
-    p.add_argument("--quiet", action="store_true")
 
     p = command(
         "supernet",
@@ -482,7 +525,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-subnets", type=int, help="k random subnets per step (default 2)")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="cpu or cuda")
-    p.add_argument("--quiet", action="store_true")
 
     p = command(
         "init",

@@ -16,6 +16,7 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import json
+import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -25,6 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from common.checks import from_preset
 from common.errors import BundleError, ConfigError
@@ -48,6 +52,8 @@ from server_kit.evaluate import evaluate_onnx
 from server_kit.fusion import FusionConfig
 
 __all__ = ["SimulateConfig", "SimulateResult", "assign_profiles", "simulate"]
+
+logger = logging.getLogger("server_kit")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -303,6 +309,20 @@ def _run_one(data_path: str, bundle_path: str, profile_name: str, config: Client
     return {"seconds": result.seconds}
 
 
+def _client_line(k: int, bundle_path: Path, how: str) -> str:
+    """Client ``k``'s progress line, from the report it wrote last: profile, role, arch, seconds and its
+    local validation score (the test accuracy comes after the server, in ``results.json``)."""
+    report = json.loads(bundle_path.with_name(bundle_path.name + ".report.json").read_text(encoding="utf-8"))
+    metrics = report.get("metrics") or {}
+    if "val_accuracy" in metrics:
+        score = f"val accuracy {metrics['val_accuracy']:.4f}"
+    else:  # a CVAE client: its decoder has no accuracy
+        score = f"val loss {metrics.get('val_loss', float('nan')):.4f}"
+    seconds = sum(report.get("seconds", {}).values())
+    where = f"{report.get('profile')}, {report.get('role')}, {report.get('arch')}"
+    return f"client {k:02d} ({where}): {how}, {seconds:.1f} s, {score}"
+
+
 def _finished(bundle_path: Path, client_config: dict[str, Any]) -> bool:
     """A client is done when its report (written last, atomically) was made with the same client settings
     and every bundle it names reads back cleanly; a client made with other settings runs again."""
@@ -448,13 +468,28 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         sizes = _client_sizes(out / "data", config.num_clients)
         todo.sort(key=lambda k: (-sizes[k], k))
         jobs = [(str(data_paths[k]), str(bundles[k]), names[k], client_configs[k]) for k in todo]
-        if pool is None:
-            for job in jobs:
-                _run_one(*job)
-        else:
-            futures = [pool.submit(_run_one, *job) for job in jobs]
-            for future in cf.as_completed(futures):
-                future.result()  # re-raise the first client failure
+        # one log line per client as it finishes, and a bar over the clients where the clients' own bars
+        # are off (jobs > 1: nothing else would show before the server starts)
+        bar = tqdm(
+            total=config.num_clients,
+            initial=config.num_clients - len(todo),
+            desc="clients",
+            unit="client",
+            disable=not config.progress or pool is None,
+        )
+        with bar, logging_redirect_tqdm([logger]):
+            for k in sorted(set(range(config.num_clients)) - set(todo)):
+                logger.info("%s", _client_line(k, bundles[k], "reused"))
+            if pool is None:
+                for k, job in zip(todo, jobs, strict=True):
+                    _run_one(*job)
+                    logger.info("%s", _client_line(k, bundles[k], "trained"))
+            else:
+                futures = {pool.submit(_run_one, *job): k for k, job in zip(todo, jobs, strict=True)}
+                for future in cf.as_completed(futures):
+                    future.result()  # re-raise the first client failure
+                    logger.info("%s", _client_line(futures[future], bundles[futures[future]], "trained"))
+                    bar.update()
     seconds["clients"] = time.perf_counter() - t0
 
     # --- server ------------------------------------------------------------------------------------------
