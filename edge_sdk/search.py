@@ -78,7 +78,7 @@ def _refuse_foreign(config_class: type[SearchConfig], options: dict[str, Any]) -
         if name not in own and users:
             raise ConfigError(
                 f"search option {name!r} does not apply to strategy {config_class.strategy!r} "
-                f"(it is an option of {', '.join(users)})"
+                f"(it is an option of {', '.join(users)}); drop it, or choose strategy {users[0]}"
             )
 
 

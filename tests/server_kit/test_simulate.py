@@ -8,7 +8,7 @@ import pytest
 from common.errors import ConfigError
 from export.bundle import read_bundle
 from server_kit.cli import main
-from server_kit.simulate import SimulateResult, _finished, _uploads, assign_profiles
+from server_kit.simulate import SimulateResult, _client_line, _finished, _uploads, assign_profiles
 
 TINY = [
     "simulate", "--dataset", "digits", "--num-clients", "3", "--alpha", "1.0", "--seed", "0", "--quiet",
@@ -64,6 +64,17 @@ def test_results_have_every_field(federation):
     assert {"partition", "clients", "server_inversion", "server_distill", "total"} <= set(results["seconds"])
     assert results["synthetic_size"] == 3 * 200
     assert (out / "server" / "global.onnx").is_file() and (out / "server" / "pseudo_images.png").is_file()
+
+
+def test_each_client_has_a_progress_line_with_its_validation_accuracy(federation):
+    """The line simulate logs as a client finishes (#20): its profile, role, arch, seconds, val score."""
+    out, results = federation
+    for row in results["clients"]:
+        k = row["client"]
+        line = _client_line(k, out / "clients" / f"client_{k:02d}.bundle", "reused")
+        assert line.startswith(f"client {k:02d} ({row['profile']}, ")
+        assert f", {row['arch']}): reused, " in line
+        assert line.endswith(f" s, val accuracy {row['val_accuracy']:.4f}")
 
 
 def test_results_json_holds_every_field_of_the_simulate_result(federation):
