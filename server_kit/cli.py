@@ -281,9 +281,14 @@ def aggregate_config(
 
 def cmd_aggregate(args: argparse.Namespace) -> None:
     from edge_sdk.data import load_client_data
-    from server_kit.aggregate import aggregate
+    from server_kit.aggregate import AggregateConfig, aggregate
 
-    config = aggregate_config(args, seed=args.seed)
+    base = AggregateConfig.from_dict(read_config_file(args.config)) if args.config is not None else None
+    seed = args.seed if args.seed is not None else base.seed if base is not None else 0
+    config = aggregate_config(args, seed=seed, base=base)
+    if args.print_config:
+        print_json(config.to_dict())
+        return
     eval_data = load_client_data(args.eval) if args.eval else None
     result = aggregate(args.bundles, args.out, config=config, eval_data=eval_data, progress=not args.quiet)
     print_skipped("server-kit", result.report["skipped"])
@@ -437,8 +442,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("bundles", nargs="+", help="client bundle files")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="seed of the server's synthesis and training (default 0)")
     p.add_argument("--eval", help="test .npz to report accuracy on")
+    p.add_argument(
+        "--config",
+        help="a TOML file of AggregateConfig fields (nested tables: [distill], [inversion], ...) or a "
+        "server report.json to replay it; every other option given overrides it",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as JSON (sorted keys; --config reads it back from a .json file) "
+        "and exit without running",
+    )
     p.add_argument("--quiet", action="store_true")
     add_aggregate_args(p)
 
