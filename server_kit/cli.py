@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.checks import check_output_dir
 from common.cli import (
     Output,
     cli_main,
@@ -24,12 +25,14 @@ from common.cli import (
     root_parser,
     with_knobs,
 )
+from common.configs import read_config_file
 from common.errors import ConfigError
 from edge_sdk import __version__
 from edge_sdk.cli import add_cvae_knobs, add_search_args, add_unknown_arg, cvae_config, search_config
 
 if TYPE_CHECKING:  # annotations only: the CLI imports the server library when a sub-command runs
     from server_kit.aggregate import AggregateConfig
+    from server_kit.simulate import SimulateConfig
 
 __all__ = ["main"]
 
@@ -289,9 +292,13 @@ def aggregate_config(
 
 def cmd_aggregate(args: argparse.Namespace) -> Output:
     from edge_sdk.data import load_client_data
-    from server_kit.aggregate import aggregate
+    from server_kit.aggregate import AggregateConfig, aggregate
 
-    config = aggregate_config(args, seed=args.seed)
+    base = AggregateConfig.from_dict(read_config_file(args.config)) if args.config is not None else None
+    seed = args.seed if args.seed is not None else base.seed if base is not None else 0
+    config = aggregate_config(args, seed=seed, base=base)
+    if args.print_config:  # JSON in both formats: --config reads it back from a .json file
+        return Output(config.to_dict(), [json_text(config.to_dict())])
     eval_data = load_client_data(args.eval) if args.eval else None
     result = aggregate(args.bundles, args.out, config=config, eval_data=eval_data, progress=not args.quiet)
     print_skipped(result.report["skipped"])
@@ -314,32 +321,68 @@ def cmd_evaluate(args: argparse.Namespace) -> Output:
     return Output(metrics, [json_text(metrics)])
 
 
-def cmd_simulate(args: argparse.Namespace) -> Output:
-    from server_kit.simulate import SimulateConfig, simulate
+# simulate's plain options (flag dest = SimulateConfig field): each overrides the preset or --config file
+SIMULATE_FIELDS = [
+    *("data_root", "num_clients", "alpha", "seed", "decoders", "shared_init"),
+    *("val_fraction", "min_size", "jobs", "device", "precision"),
+]
 
-    base = SimulateConfig.preset(args.method, dataset=args.dataset, out_dir=Path(args.out))
-    given = overrides(args, ["decoders", "shared_init"])
+
+def simulate_config(args: argparse.Namespace) -> SimulateConfig:
+    """The federation: ``--config`` (a TOML file, or a run's results.json to replay it) or ``--method``'s
+    preset, with every option given on the command line over it (``--out`` over the file's out_dir)."""
+    from server_kit.simulate import SimulateConfig
+
+    if args.config is not None:
+        if args.method is not None:
+            raise ConfigError(
+                "simulate takes --method (a preset) or --config (a file), got both; fix: drop one, or write "
+                "the preset's fields into the file (--method ... --print-config shows them)"
+            )
+        data = read_config_file(args.config)
+        data |= {"dataset": args.dataset} if args.dataset is not None else {}
+        data |= {"out_dir": args.out} if args.out is not None else {}
+        if "dataset" not in data or "out_dir" not in data:
+            raise ConfigError(
+                f"simulate needs a dataset and an output directory, got {args.config} without "
+                f"{'dataset' if 'dataset' not in data else 'out_dir'}; fix: add it to the file, or give "
+                f"{'--dataset' if 'dataset' not in data else '--out'}"
+            )
+        base = SimulateConfig.from_dict(data)
+    elif args.dataset is None or args.out is None:
+        raise ConfigError(
+            "simulate needs --dataset and --out, got "
+            f"{'neither' if args.dataset is None and args.out is None else 'only one'}; fix: give both, "
+            "or --config FILE naming them (dataset, out_dir)"
+        )
+    else:
+        base = SimulateConfig.preset(args.method or "default", dataset=args.dataset, out_dir=Path(args.out))
+    given = overrides(args, SIMULATE_FIELDS)
     if args.profiles is not None:
         given["profiles"] = tuple(p for p in args.profiles.split(",") if p)
+    if args.profile_map is not None:
+        given["profile_map"] = Path(args.profile_map)
+    if args.unknown_output:
+        given["unknown_output"] = True
+    if args.quiet:
+        given["progress"] = False
     config = dataclasses.replace(
         base,
-        data_root=args.data_root,
-        num_clients=args.num_clients,
-        alpha=args.alpha,
-        seed=args.seed,
-        profile_map=Path(args.profile_map) if args.profile_map else None,
         search=search_config(args, base.search),
         cvae=cvae_config(args, base.cvae),
-        unknown_output=args.unknown_output,
-        precision=args.precision or "auto",
-        aggregate=aggregate_config(args, seed=args.seed, base=base.aggregate),
-        val_fraction=args.val_fraction,
-        min_size=args.min_size,
-        jobs=args.jobs,
-        device=args.device,
-        progress=not args.quiet,
+        aggregate=aggregate_config(args, seed=given.get("seed", base.aggregate.seed), base=base.aggregate),
         **given,
     )
+    check_output_dir(config.out_dir)  # the file's out_dir was not checked at parse time as --out is
+    return config
+
+
+def cmd_simulate(args: argparse.Namespace) -> Output:
+    from server_kit.simulate import simulate
+
+    config = simulate_config(args)
+    if args.print_config:  # JSON in both formats: --config reads it back from a .json file
+        return Output(config.to_dict(), [json_text(config.to_dict())])
     result = simulate(config)
     line = (
         f"global accuracy {result.global_accuracy:.4f} "
@@ -439,8 +482,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("bundles", nargs="+", help="client bundle files")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthesis and the student")
+    p.add_argument("--seed", type=int, help="seed of the server's synthesis and training (default 0)")
     p.add_argument("--eval", help="test .npz to report accuracy on")
+    p.add_argument(
+        "--config",
+        help="a TOML file of AggregateConfig fields (nested tables: [distill], [inversion], ...) or a "
+        "server report.json to replay it; every other option given overrides it",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as JSON (sorted keys; --config reads it back from a .json file) "
+        "and exit without running",
+    )
     add_aggregate_args(p)
 
     p = command("evaluate", cmd_evaluate, "accuracy of an ONNX classifier on a .npz (JSON)")
@@ -450,20 +504,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "simulate", cmd_simulate, "a whole simulated federation: partition, clients, server, evaluation"
     )
-    p.add_argument("--dataset", required=True, help="mnist, fashionmnist, cifar10, svhn or digits")
+    p.add_argument(
+        "--config",
+        help="a TOML file of SimulateConfig fields (nested tables: [search], [cvae], [aggregate], ...) or a "
+        "run's results.json to replay it; every other option given overrides it",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as JSON (sorted keys; --config reads it back from a .json file) "
+        "and exit without running",
+    )
+    p.add_argument("--dataset", help="mnist, fashionmnist, cifar10, svhn or digits (or the --config file's)")
     p.add_argument("--data-root", help="torchvision-layout dataset root (not needed for digits)")
-    p.add_argument("--num-clients", type=int, default=10, help="clients (devices) of the federation")
+    p.add_argument("--num-clients", type=int, help="clients in the federation (default 10)")
+    p.add_argument("--alpha", type=float, help="Dirichlet concentration of the label skew (default 0.5)")
     p.add_argument(
-        "--alpha", type=float, default=0.5, help="Dirichlet concentration of the split (smaller = more skew)"
+        "--seed", type=int, help="seed of the partition, the clients (seed + k) and the server (default 0)"
     )
+    p.add_argument("--min-size", type=int, help="fewest examples a client gets (default 10)")
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of everything: split, client k's seed + k, server"
+        "--out", type=out_dir, help="output directory (rerun to resume); over the --config file's out_dir"
     )
-    p.add_argument("--min-size", type=int, default=10, help="minimum samples per client")
-    p.add_argument("--out", required=True, type=out_dir, help="output directory (rerun to resume)")
     p.add_argument(
         "--method",
-        default="default",
         choices=["default", "fedmho"],
         help="the federation's recipe: default (searched classifiers + decoders, consensus distillation) "
         "or fedmho (FedMHO: 5 classifier + 5 CVAE devices, shared init, FedAvg, fusion MD; see "
@@ -484,9 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the server's initial weights (default on)",
     )
     p.add_argument("--profile-map", help="TOML: default = 'name' and [clients] index = 'name'")
-    p.add_argument("--jobs", type=int, default=1, help="clients trained in parallel processes")
-    p.add_argument("--val-fraction", type=float, default=0.2, help="each client's local validation split")
-    p.add_argument("--device", default="cpu", help="client training device: cpu, cuda or auto")
+    p.add_argument("--jobs", type=int, help="clients trained in parallel processes (default 1)")
+    p.add_argument("--val-fraction", type=float, help="share of each client's data held out (default 0.2)")
+    p.add_argument("--device", help="client training device (default cpu)")
     add_search_args(p)
     add_cvae_knobs(p)
     add_unknown_arg(p)

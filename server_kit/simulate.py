@@ -22,7 +22,7 @@ import multiprocessing.forkserver
 import os
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from common.checks import from_preset
+from common.configs import config_from_dict
 from common.errors import BundleError, ConfigError
 from edge_sdk.artifacts import decoder_bundle_path
 from edge_sdk.client import ClientConfig, run_client
@@ -39,6 +40,7 @@ from edge_sdk.data import load_client_data, partition
 from edge_sdk.precision import check_precision
 from edge_sdk.profiling import usable_threads
 from edge_sdk.roles import resolve_role
+from edge_sdk.search import search_config_from_dict
 from edge_sdk.shared_init import write_initial_weights
 from edge_sdk.strategies.base import SearchConfig
 from edge_sdk.strategies.baselines import FixedConfig
@@ -101,6 +103,8 @@ class SimulateConfig:
         if not self.profiles and self.profile_map is None:
             raise ConfigError("give at least one profile (profiles=...) or a profile_map TOML")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
+        if self.profile_map is not None:
+            object.__setattr__(self, "profile_map", Path(self.profile_map))
 
     @classmethod
     def preset(cls, name: str, *, dataset: str, out_dir: Path | str, **fields: Any) -> SimulateConfig:
@@ -126,6 +130,15 @@ class SimulateConfig:
         data["out_dir"] = str(self.out_dir)
         data["profile_map"] = str(self.profile_map) if self.profile_map else None
         return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SimulateConfig:
+        """The inverse of :meth:`to_dict` (``from_dict(to_dict(c)) == c``, also through JSON), and the
+        table of a TOML file a person wrote: keys are the fields, nested tables the nested configs
+        (``[search]`` with its ``strategy``, ``[cvae]``, ``[aggregate]``, ``[aggregate.distill]``, ...);
+        a key left out keeps its default, an unknown one is refused with the valid ones. What it
+        replays is what was asked: ``precision = "auto"`` resolves again on the machine that replays."""
+        return config_from_dict(cls, data, what="config", builders={"search": search_config_from_dict})
 
 
 # FedMHO's classifier architecture here: CNN1 (pFedZKD's MNIST CNN), 21 MFLOPs at 28x28, within every
