@@ -19,6 +19,7 @@ import html
 import io
 import json
 import math
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,6 +45,9 @@ GRIDS = {
     "decoder_samples_filtered.png": "Decoder samples the centroid filter kept",
 }
 MAX_GRID_BYTES = 8 << 20  # a grid larger than this is not a grid the server wrote: skipped with a note
+MAX_GRID_PIXELS = 4_000_000  # read from the PNG header before anything is decoded
+MAX_DRAWN_CLIENTS = 200  # beyond these a figure would be unreadable (and huge): a note instead
+MAX_DRAWN_CLASSES = 100
 # class names of the datasets that have them beyond their index (edge_sdk.data.DATASETS)
 CLASS_NAMES = {
     "fashionmnist": ("T-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
@@ -191,7 +195,8 @@ def _png(fig: Figure) -> str:
 
 def _partition_figure(run: Run, labels: list[str]) -> Figure | None:
     counts = _get(run.partition, "label_histogram")
-    rows = [_numbers(r) for r in counts] if isinstance(counts, list) and counts else None
+    ok = isinstance(counts, list) and 0 < len(counts) <= MAX_DRAWN_CLIENTS
+    rows = [_numbers(r) for r in counts] if ok else None
     if not rows or any(r is None or len(r) != len(labels) for r in rows):
         return None
     fig = Figure(figsize=(max(4.0, 0.5 * len(labels) + 2), max(2.5, 0.35 * len(rows) + 1.5)))
@@ -218,7 +223,7 @@ def _client_figure(run: Run) -> Figure | None:
         client, accuracy = _number(_get(row, "client")), _number(_get(row, "test_accuracy"))
         if client is not None and accuracy is not None:
             scored.append((int(client), accuracy))
-    if not scored:
+    if not scored or len(scored) > MAX_DRAWN_CLIENTS:
         return None
     fig = Figure(figsize=(max(4.0, 0.45 * len(scored) + 2), 3.2))
     ax = fig.add_subplot()
@@ -270,6 +275,11 @@ def _curve_figure(curves: dict[str, list[float]], xlabel: str) -> Figure:
 def _grid_figure(png: bytes, labels: list[str]) -> Figure | None:
     """The grid with its rows labelled by class, or None when it does not decode or does not have one row
     per class (the layout of server_kit.grid: rows of equal height split by GRID_PADDING pixels)."""
+    if not png.startswith(b"\x89PNG\r\n\x1a\n") or len(png) < 24:
+        return None
+    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk comes first
+    if width * height > MAX_GRID_PIXELS:
+        return None
     try:
         image = matplotlib.image.imread(io.BytesIO(png), format="png")
     except (OSError, ValueError, SyntaxError):
@@ -292,10 +302,10 @@ def _phase_figure(run: Run) -> Figure | None:
     order = run.results.get("phase_order")
     if not isinstance(seconds, dict):
         return None
-    names = [str(n) for n in order if n in seconds] if isinstance(order, list) else sorted(seconds)
+    names = [n for n in order if isinstance(n, str) and n in seconds] if isinstance(order, list) else seconds
     bars = [(n, _number(seconds[n])) for n in names if n not in PHASE_TOTALS]
     bars = [(n, s) for n, s in bars if s is not None]
-    if not bars:
+    if not bars or len(bars) > MAX_DRAWN_CLIENTS:
         return None
     fig = Figure(figsize=(6.0, 0.3 * len(bars) + 1.2))
     ax = fig.add_subplot()
@@ -315,7 +325,7 @@ def _personal_figure(run: Run) -> Figure | None:
         after = _number(_get(report, "val_accuracy", str(report.get("kept"))))
         if own is not None and glob is not None and after is not None:
             rows.append((f"{client} {method}", own, glob, after))
-    if not rows:
+    if not rows or len(rows) > MAX_DRAWN_CLIENTS:
         return None
     fig = Figure(figsize=(max(4.0, 0.8 * len(rows) + 2), 3.2))
     ax = fig.add_subplot()
@@ -442,13 +452,15 @@ def render_report(run: Run) -> str:
     num_classes = _number(_get(run.partition, "num_classes")) or _number(
         _get(run.server, "student", "num_classes")
     )
-    labels = _class_labels(dataset, int(num_classes)) if num_classes and 0 < num_classes <= 1000 else []
+    drawn = num_classes is not None and 0 < num_classes <= MAX_DRAWN_CLASSES
+    labels = _class_labels(dataset, int(num_classes)) if drawn else []  # type: ignore[arg-type]
     parts = [_header(run), "<h2>Clients</h2>", _clients_table(run)]
     with matplotlib.rc_context({"text.parse_math": False, "font.size": 9}):
         parts += [
             _section("partition", "Partition", _partition_figure(run, labels) if labels else None,
                      "training examples per client and class (data/partition.json)",
-                     "no partition manifest (data/partition.json) with one count per class"),
+                     "no partition manifest (data/partition.json) with one count per class "
+                     f"(of at most {MAX_DRAWN_CLASSES} classes, {MAX_DRAWN_CLIENTS} clients)"),
             _section("clients", "Accuracy per client", _client_figure(run),
                      "each classifier client's own model on the test split, against the global model",
                      "no classifier client has a test accuracy (CVAE clients only)"),

@@ -4,12 +4,14 @@ loaded by a real browser (headless Chromium, skipped where none is installed).""
 
 import base64
 import html
+import io
 import json
 import re
 import shutil
 import subprocess
 
 import pytest
+from PIL import Image
 
 from common.errors import DataError
 from server_kit.cli import main
@@ -126,6 +128,10 @@ def test_absent_or_malformed_data_gives_a_note_never_an_empty_figure(run, tmp_pa
     (copy / "data" / "partition.json").write_text(json.dumps(partition))
     (copy / "server").mkdir()
     (copy / "server" / "pseudo_images.png").write_bytes(b"not a png")
+    # a grid of the right layout (10 rows + padding) but 4.4 million pixels is refused from its header
+    buf = io.BytesIO()
+    Image.new("RGB", (2102, 2102)).save(buf, format="PNG")
+    (copy / "server" / "decoder_samples.png").write_bytes(buf.getvalue())
 
     def break_seconds(results):
         results["seconds"] = {"clients": "slow"}
@@ -134,7 +140,11 @@ def test_absent_or_malformed_data_gives_a_note_never_an_empty_figure(run, tmp_pa
     edit_json(copy / "results.json", break_seconds)
     page = write_report(copy).read_text()
     assert figures(page) == set()
-    assert {"partition", "grid-pseudo-images", "phases", "clients"} <= notes(page)
+    assert {"partition", "grid-pseudo-images", "grid-decoder-samples", "phases", "clients"} <= notes(page)
+
+    partition["label_histogram"] = [[1] * 10] * 201  # more clients than a figure can show
+    (copy / "data" / "partition.json").write_text(json.dumps(partition))
+    assert "partition" in notes(write_report(copy).read_text())
 
 
 def test_strings_from_the_run_are_escaped(run, tmp_path):
