@@ -222,7 +222,7 @@ def personal_figure(reports: list[tuple[int, str, dict[str, Any]]]) -> Figure | 
         glob = number(lookup(report, "val_accuracy_before", "global_model"))
         after = number(lookup(report, "val_accuracy", str(report.get("kept"))))
         if own is not None and glob is not None and after is not None:
-            rows.append((f"{client} {method}", own, glob, after))
+            rows.append((f"client {client} {method}", own, glob, after))
     if not rows or len(rows) > MAX_DRAWN_CLIENTS:
         return None
     fig = Figure(figsize=(max(4.0, 0.8 * len(rows) + 2), 3.2))
