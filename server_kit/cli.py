@@ -470,6 +470,12 @@ def cmd_hetero_avg(args: argparse.Namespace) -> Output:
     return Output({"clients": report["clients"], "wrote": args.out}, [line])
 
 
+def cmd_report(args: argparse.Namespace) -> None:
+    from server_kit.report import write_report
+
+    print(write_report(args.run_dir))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser, command = root_parser(
         "server-kit",
@@ -608,6 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundles", nargs="+", help="client bundles whose archs are mbv3:... subnets")
     p.add_argument("--supernet", required=True, help="the supernet file the clients searched")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
+
+    p = command("report", cmd_report, "(re)write RUN_DIR/report.html from the files a simulate run wrote")
+    p.add_argument("run_dir", help="the output directory of `server-kit simulate` (holds results.json)")
     return parser
 
 

@@ -52,6 +52,7 @@ from profiles import load_profile
 from server_kit.aggregate import AggregateConfig, aggregate
 from server_kit.evaluate import evaluate_onnx
 from server_kit.fusion import FusionConfig
+from server_kit.report import write_report
 
 __all__ = ["SimulateConfig", "SimulateResult", "assign_profiles", "simulate"]
 
@@ -567,4 +568,5 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         server_report=agg.report_path.relative_to(out),
     )
     atomic_write_json(out / "results.json", result.to_dict())
+    write_report(out)  # from the files just written (results.json first: a failed drawing loses nothing)
     return result
