@@ -470,10 +470,11 @@ def cmd_hetero_avg(args: argparse.Namespace) -> Output:
     return Output({"clients": report["clients"], "wrote": args.out}, [line])
 
 
-def cmd_report(args: argparse.Namespace) -> None:
+def cmd_report(args: argparse.Namespace) -> Output:
     from server_kit.report import write_report
 
-    print(write_report(args.run_dir))
+    path = write_report(args.run_dir)
+    return Output({"wrote": str(path)}, [str(path)])
 
 
 def build_parser() -> argparse.ArgumentParser:
