@@ -199,9 +199,11 @@ def test_help_shows_defaults_choices_and_one_meaning_per_name(capsys):
         return " ".join(capsys.readouterr().out.split())
 
     text = helps(server_main, "simulate")
-    assert "clients (devices) of the federation (default: 10)" in text
-    assert "Dirichlet concentration of the split (smaller = more skew) (default: 0.5)" in text
-    assert "(default: 0)" in text and "(default: None)" not in text
+    # simulate's plain options default to None (a --config file or the preset fills them): the help
+    # names the value they take when neither does
+    assert "clients in the federation (default 10)" in text
+    assert "Dirichlet concentration of the label skew (default 0.5)" in text
+    assert "(default 0)" in text and "(default: None)" not in text
     assert "--strategy {pso,fixed,random-pool,evolution}" in text and "--preset {fast,paper}" in text
     assert "--distill-tau" in text and "--tau " not in text  # --tau is edge-sdk personalize's PKT knob
     assert "--tau TAU PKT regulariser" in helps(edge_main, "personalize")
