@@ -1,9 +1,14 @@
-"""The plumbing both command lines share: the root parser, dispatch with errors as one line, argparse
-types that check output paths at parse time, and the small printers.
+"""The plumbing both command lines share: the root parser, dispatch with errors as one line and their exit
+codes, logging, ``--format``, argparse types that check output paths at parse time, and the small printers.
 
-`edge-sdk` and `server-kit` are thin: each sub-command builds a config and calls one library function.
-What is left is here, once, so both CLIs word their errors, exit codes and ``--debug`` alike. Stdlib
-only (no torch): ``--help`` and a usage error stay instant.
+`edge-sdk` and `server-kit` are thin: each sub-command builds a config, calls one library function and
+returns an :class:`Output`. What is left is here, once, so both CLIs word their errors, exit codes,
+``--debug``, ``--format`` and ``--verbose`` / ``--quiet`` alike. Stdlib only (no torch): ``--help`` and a
+usage error stay instant.
+
+Exit codes: 0 success; 2 a usage error (argparse, or a ``ConfigError``: an option, a preset, a profile or a
+config file the command cannot take, nothing ran); 1 a runtime error (any other ``ToolkitError``, an
+``OSError``, or an unexpected exception: "internal error"); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -11,15 +16,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from common.checks import check_output_dir, check_output_file
 from common.errors import ConfigError, ToolkitError
 
 __all__ = [
+    "EXIT_RUNTIME",
+    "EXIT_USAGE",
+    "PACKAGES",
+    "Output",
     "cli_main",
+    "configure_logging",
+    "json_text",
     "one_line",
     "out_dir",
     "out_file",
@@ -32,8 +45,28 @@ __all__ = [
 
 T = TypeVar("T")
 
-# ``command(name, func, help)``: adds one sub-command that runs ``func(args)`` and returns its parser
-AddCommand = Callable[[str, Callable[[argparse.Namespace], None], str], argparse.ArgumentParser]
+EXIT_RUNTIME = 1  # the command ran and failed: bad data or bundle, an I/O error, a bug
+EXIT_USAGE = 2  # the command cannot run as given: fix the options (argparse's own code for its errors)
+# the toolkit's packages: each logs to logging.getLogger(<package>), configured once by cli_main
+PACKAGES = ("common", "profiles", "export", "edge_sdk", "server_kit")
+
+_logger = logging.getLogger("common")
+
+
+@dataclass(frozen=True)
+class Output:
+    """A command's result: ``data`` (JSON-able; printed by ``--format json`` as one object, sorted keys)
+    and ``text`` (today's human lines, ``--format text``). Commands return it instead of printing so
+    both formats carry the same facts and nothing reaches stdout before the command has succeeded."""
+
+    data: Mapping[str, Any]
+    text: Sequence[str]
+
+
+# ``command(name, func, help)``: adds one sub-command that runs ``func(args)`` and returns its parser; a
+# command returns its Output (or None when it printed nothing)
+Command = Callable[[argparse.Namespace], "Output | None"]
+AddCommand = Callable[[str, Command, str], argparse.ArgumentParser]
 
 
 def one_line(text: object) -> str:
@@ -41,26 +74,87 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
-    """Parse, dispatch to ``args.func``, and turn toolkit and file-system errors into one line + exit
-    code 2.
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler on the ``sys.stderr`` of the moment, not the one at configuration time (pytest's capsys
+    swaps it per test; an embedding program may too)."""
 
-    Shared by both CLIs. ``--debug`` re-raises so the traceback is shown.
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__ assigns it; the property wins
+        pass
+
+
+def configure_logging(prog: str, level: int) -> None:
+    """Every toolkit package logs through one stderr handler as ``prog: message`` at ``level``.
+
+    Idempotent (a second call replaces the handler), so calling ``main(argv)`` twice in one process does
+    not print each line twice. The root logger is left alone: torch's and onnx's loggers are theirs.
+    """
+    formatter = logging.Formatter(f"{prog}: %(message)s")
+    for name in PACKAGES:
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if isinstance(h, _StderrHandler)]:
+            logger.removeHandler(handler)
+        handler = _StderrHandler()
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
+        logger.setLevel(level)
+
+
+def _level(args: argparse.Namespace) -> int:
+    if getattr(args, "verbose", False):
+        return logging.DEBUG
+    return logging.WARNING if getattr(args, "quiet", False) else logging.INFO
+
+
+def _emit(output: Output, fmt: str) -> None:
+    if fmt == "json":
+        print_json(output.data)
+    else:
+        for line in output.text:
+            print(line)
+
+
+def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse, dispatch to ``args.func``, print its :class:`Output` in ``--format``, and turn every error
+    into one stderr line and an exit code (see the module docstring); ``--debug`` re-raises instead so
+    the traceback is shown.
+
+    Shared by both CLIs. A ``ConfigError`` is a usage error wherever it is raised: configs validate when
+    they are built, before any work, and a profile or config file named on the command line is part of
+    the command.
     """
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
+    configure_logging(prog, _level(args))
     try:
-        args.func(args)
+        output = args.func(args)
+    except ConfigError as err:
+        if args.debug:
+            raise
+        print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
     except (ToolkitError, OSError) as err:  # OSError: a full disk, a path that is a file, a permission
         if args.debug:
             raise
         print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
-        return 2
+        return EXIT_RUNTIME
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; rerun the same command to resume where supported", file=sys.stderr)
         return 130
+    except Exception as err:  # a bug: one line that says how to see more, never a bare traceback
+        if args.debug:
+            raise
+        detail = f"{type(err).__name__}: {one_line(err)}"
+        print(f"{prog}: internal error: {detail}; rerun with --debug for the traceback", file=sys.stderr)
+        return EXIT_RUNTIME
+    if output is not None:
+        _emit(output, args.format)
     return 0
 
 
@@ -69,7 +163,25 @@ class _Parser(argparse.ArgumentParser):
     lines, which buried "the following arguments are required: bundles" at the bottom."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default where it has one of its own; a ``None`` default means "the
+    preset's value", which the option's help already says (argparse's ArgumentDefaultsHelpFormatter
+    would print "(default: None)")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and not any(default is v for v in (None, False, argparse.SUPPRESS))  # 0 == False: `is`
+            and "default" not in text
+            and not isinstance(action, argparse._VersionAction | argparse._HelpAction)
+        ):
+            text += " (default: %(default)s)"
+        return text
 
 
 def out_dir(text: str) -> str:
@@ -90,25 +202,53 @@ def out_file(text: str) -> str:
     return text
 
 
-def print_skipped(prog: str, skipped: Iterable[Mapping[str, str]]) -> None:
-    """One stderr line per bundle a run dropped (``--on-error skip``, or a kind the command ignores)."""
+def print_skipped(skipped: Iterable[Mapping[str, str]]) -> None:
+    """One warning line on stderr per bundle a run dropped (``--on-error skip``, or a kind the command
+    ignores): shown under ``--quiet`` too, since the result was made without it."""
     for row in skipped:
         reason = one_line(row["reason"])
         named = reason if reason.startswith(row["file"]) else f"{row['file']}: {reason}"
-        print(f"{prog}: skipped {named}", file=sys.stderr)
+        _logger.warning("skipped %s", named)
 
 
-def _add_debug(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
-    # Sub-commands use SUPPRESS so `prog --debug cmd` is not reset to False by the sub-parser's default.
-    default = False if top else argparse.SUPPRESS
+def _add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """``--debug``, ``--format``, ``--verbose`` / ``--quiet``, on the root and on every sub-command.
+
+    Sub-commands default to SUPPRESS so ``prog --debug cmd`` is not reset by the sub-parser's default.
+    """
+
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
     parser.add_argument(
-        "--debug", action="store_true", default=default, help="show the full traceback on errors"
+        "--debug", action="store_true", default=default(False), help="show the full traceback on errors"
+    )
+    parser.add_argument(
+        "--format",
+        choices=["text", "json"],
+        default=default("text"),
+        help="stdout: text lines, or the result as one JSON object with sorted keys (default: text)",
+    )
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument(
+        "--verbose", action="store_true", default=default(False), help="log debug lines on stderr too"
+    )
+    loud.add_argument(
+        "--quiet",
+        action="store_true",
+        default=default(False),
+        help="stderr: warnings and errors only, no progress lines or bars",
     )
 
 
+def json_text(obj: Any) -> str:
+    """Machine-readable text: sorted keys, two-space indent (as the files we write), no trailing newline."""
+    return json.dumps(obj, sort_keys=True, indent=2)
+
+
 def print_json(obj: Any) -> None:
-    """Machine-readable output on stdout: sorted keys, two-space indent (as the files we write)."""
-    print(json.dumps(obj, sort_keys=True, indent=2))
+    """Machine-readable output on stdout (:func:`json_text`)."""
+    print(json_text(obj))
 
 
 def overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
@@ -126,18 +266,17 @@ def with_knobs(config: T, args: argparse.Namespace, knobs: Mapping[str, str]) ->
 def root_parser(prog: str, description: str, *, version: str) -> tuple[argparse.ArgumentParser, AddCommand]:
     """The top-level parser of a CLI and a ``command(name, func, help)`` that adds one sub-command.
 
-    Shared by `edge-sdk` and `server-kit` so both get ``--version``, ``--debug`` and the same dispatch.
+    Shared by `edge-sdk` and `server-kit` so both get ``--version``, ``--debug``, ``--format``,
+    ``--verbose`` / ``--quiet``, defaults in ``--help`` and the same dispatch.
     """
-    parser = _Parser(prog=prog, description=description)
+    parser = _Parser(prog=prog, description=description, formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version}")
-    _add_debug(parser, top=True)
+    _add_common(parser, top=True)
     sub = parser.add_subparsers(title="commands")
 
-    def command(
-        name: str, func: Callable[[argparse.Namespace], None], help_text: str
-    ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        _add_debug(p)
+    def command(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
+        _add_common(p)
         p.set_defaults(func=func)
         return p
 

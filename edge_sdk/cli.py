@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
+import logging
 from collections.abc import Sequence
 from typing import Any
 
-from common.cli import cli_main, out_dir, out_file, overrides, print_json, root_parser
+from common.cli import Output, cli_main, json_text, out_dir, out_file, overrides, root_parser
 from edge_sdk import __version__
 
 __all__ = ["main"]
+
+logger = logging.getLogger("edge_sdk")
+
+# The search's strategies and presets (edge_sdk.search.STRATEGIES, SearchConfig.preset) for --help and
+# argparse's choices; a test holds them equal to the registry, which the CLI does not import at start-up
+STRATEGY_NAMES = ("pso", "fixed", "random-pool", "evolution")
+SEARCH_PRESETS = ("fast", "paper")
 
 
 SEARCH_KNOBS = (
@@ -40,8 +47,8 @@ SEARCH_KNOBS = (
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", help="search preset: fast (default) or paper")
-    p.add_argument("--strategy", help="pso (default), fixed, random-pool or evolution")
+    p.add_argument("--preset", choices=SEARCH_PRESETS, help="search preset (default: fast)")
+    p.add_argument("--strategy", choices=STRATEGY_NAMES, help="search strategy (default: pso)")
     p.add_argument("--particles", type=int, help="PSO swarm size N")
     p.add_argument("--iterations", type=int, help="PSO iterations T")
     p.add_argument("--epochs", type=int, help="training epochs per candidate (fitness)")
@@ -106,7 +113,7 @@ def add_unknown_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_cvae_knobs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cvae-preset", help="CVAE preset: fast (default) or a dataset name")
+    p.add_argument("--cvae-preset", help="CVAE preset: fast (the default) or a dataset name")
     p.add_argument("--cvae-model", choices=["cvae-small", "cvae-large"], help="CVAE architecture")
     p.add_argument("--latent-dim", type=int, help="CVAE latent size z")
     p.add_argument("--cvae-epochs", type=int, help="CVAE training epochs")
@@ -144,7 +151,7 @@ def load_data(args: argparse.Namespace):  # -> ArrayDataset
 # --- subcommands -------------------------------------------------------------------------------------
 
 
-def cmd_partition(args: argparse.Namespace) -> None:
+def cmd_partition(args: argparse.Namespace) -> Output:
     from edge_sdk.data import partition
 
     result = partition(
@@ -157,12 +164,18 @@ def cmd_partition(args: argparse.Namespace) -> None:
         min_size=args.min_size,
         download=args.download,
     )
-    print(f"wrote {len(result.client_paths)} client files + {result.test_path.name} to {args.out}")
+    lines = [f"wrote {len(result.client_paths)} client files + {result.test_path.name} to {args.out}"]
     for path, hist in zip(result.client_paths, result.label_histogram, strict=True):
-        print(f"{path.name}: n={sum(hist):6d}  classes={list(hist)}")
+        lines.append(f"{path.name}: n={sum(hist):6d}  classes={list(hist)}")
+    data = {
+        "clients": [str(path) for path in result.client_paths],
+        "test": str(result.test_path),
+        "label_histogram": [list(hist) for hist in result.label_histogram],
+    }
+    return Output(data, lines)
 
 
-def cmd_profile(args: argparse.Namespace) -> None:
+def cmd_profile(args: argparse.Namespace) -> Output:
     from edge_sdk.profiling import measure_device
     from export.atomic import atomic_write_text
     from profiles import profile_to_toml
@@ -170,27 +183,30 @@ def cmd_profile(args: argparse.Namespace) -> None:
     profile = measure_device(name=args.name, seconds=args.seconds, role=args.role)
     comments = [f"measured by `edge-sdk profile` (edge_sdk {__version__})", profile.gflops_source]
     text = profile_to_toml(profile, comments=comments)
+    lines = []
     if args.out:
         atomic_write_text(args.out, text)
-        print(f"wrote {args.out}")
-    print(text, end="")
+        lines.append(f"wrote {args.out}")
+    data = {"profile": dataclasses.asdict(profile), "wrote": args.out}
+    return Output(data, [*lines, text.rstrip("\n")])
 
 
-def cmd_profiles(args: argparse.Namespace) -> None:
+def cmd_profiles(args: argparse.Namespace) -> Output:
     from profiles import list_profiles, load_profile
 
-    print(
+    shipped = [load_profile(name) for name in list_profiles()]
+    lines = [
         f"{'name':24s} {'role':10s} {'memory_mb':>9s} {'GFLOP/s':>8s} {'max_flops':>12s} {'max_params':>11s}"
-    )
-    for name in list_profiles():
-        p = load_profile(name)
-        print(
+    ]
+    for p in shipped:
+        lines.append(
             f"{p.name:24s} {p.role:10s} {p.memory_mb:9.0f} {p.gflops:8.1f} "
             f"{p.max_flops:12d} {p.max_params:11d}"
         )
+    return Output({"profiles": [dataclasses.asdict(p) for p in shipped]}, lines)
 
 
-def cmd_search(args: argparse.Namespace) -> None:
+def cmd_search(args: argparse.Namespace) -> Output:
     from common.device import resolve_device
     from edge_sdk.data import split_train_val
     from edge_sdk.search import search
@@ -210,14 +226,23 @@ def cmd_search(args: argparse.Namespace) -> None:
         precision=args.precision,
     )
     atomic_write_json(args.out, result.to_dict())
-    print(
+    line = (
         f"best {result.best_spec} (val CE {result.best_fitness:.4f}); "
         f"{result.candidate_epochs} candidate-epochs, "
         f"{result.rejected} over budget, {result.cache_hits} cache hits; wrote {args.out}"
     )
+    data = {
+        "best_spec": str(result.best_spec),
+        "best_fitness": result.best_fitness,
+        "candidate_epochs": result.candidate_epochs,
+        "rejected": result.rejected,
+        "cache_hits": result.cache_hits,
+        "wrote": args.out,
+    }
+    return Output(data, [line])
 
 
-def cmd_train(args: argparse.Namespace) -> None:
+def cmd_train(args: argparse.Namespace) -> Output:
     from edge_sdk.artifacts import save_trained_model
     from edge_sdk.data import split_train_val
     from edge_sdk.final_training import train_final
@@ -238,10 +263,11 @@ def cmd_train(args: argparse.Namespace) -> None:
         precision=args.precision,
     )
     save_trained_model(trained, args.out)
-    print(f"{trained.arch}: val accuracy {trained.metrics['val_accuracy']:.4f}; wrote {args.out}")
+    line = f"{trained.arch}: val accuracy {trained.metrics['val_accuracy']:.4f}; wrote {args.out}"
+    return Output({"arch": trained.arch, "metrics": dict(trained.metrics), "wrote": args.out}, [line])
 
 
-def cmd_export(args: argparse.Namespace) -> None:
+def cmd_export(args: argparse.Namespace) -> Output:
     from edge_sdk.artifacts import bundle_model, load_trained_model
     from profiles import load_profile
 
@@ -249,10 +275,12 @@ def cmd_export(args: argparse.Namespace) -> None:
     bundle = bundle_model(
         trained, load_profile(args.profile), args.out, seed=args.seed, onnx_bytes=onnx_bytes
     )
-    print(f"wrote {args.out} ({bundle.kind}, {bundle.arch}, sha256 {bundle.sha256[:12]})")
+    line = f"wrote {args.out} ({bundle.kind}, {bundle.arch}, sha256 {bundle.sha256[:12]})"
+    data = {"kind": bundle.kind, "arch": bundle.arch, "sha256": bundle.sha256, "wrote": args.out}
+    return Output(data, [line])
 
 
-def cmd_run(args: argparse.Namespace) -> None:
+def cmd_run(args: argparse.Namespace) -> Output:
     from edge_sdk.client import ClientConfig, run_client
     from profiles import load_profile
 
@@ -279,40 +307,52 @@ def cmd_run(args: argparse.Namespace) -> None:
     )
     result = run_client(data, profile=load_profile(args.profile), config=config, out=args.out)
     m = result.metrics
+    data = {
+        "arch": result.arch,
+        "role": result.role,
+        "metrics": dict(m),
+        "seconds": dict(result.seconds),
+        "wrote": [str(result.bundle_path), *map(str, result.extra_bundles), str(result.report_path)],
+    }
     if result.search is None:  # role cvae
-        print(
+        line = (
             f"{result.arch}: val loss {m['val_loss']:.4f}, decoder {m['decoder_flops']} FLOPs, "
             f"{m['decoder_params']} params; wrote {result.bundle_path} (cvae_decoder)"
         )
-        return
-    print(
+        return Output(data, [line])
+    lines = [
         f"{result.arch}: val accuracy {m['val_accuracy']:.4f}, {m['flops']} FLOPs, {m['params']} params, "
         f"{m['candidate_epochs']} candidate-epochs; wrote {result.bundle_path}"
-    )
-    for extra in result.extra_bundles:
-        print(f"wrote {extra} (cvae_decoder)")
+    ]
+    lines += [f"wrote {extra} (cvae_decoder)" for extra in result.extra_bundles]
+    return Output(data, lines)
 
 
-def cmd_inspect(args: argparse.Namespace) -> None:
+def cmd_inspect(args: argparse.Namespace) -> Output:
+    """The manifest as JSON in both formats (it always was: scripts parse it)."""
     from export.atomic import atomic_write_bytes
     from export.bundle import read_bundle
 
     bundle = read_bundle(args.file)
-    print_json(bundle.manifest())
     if args.extract_onnx:
         atomic_write_bytes(args.extract_onnx, bundle.model_onnx)
-        print(f"wrote {args.extract_onnx}", file=sys.stderr)
+        logger.info("wrote %s", args.extract_onnx)
+    manifest = bundle.manifest()
+    return Output(manifest, [json_text(manifest)])
 
 
-def cmd_upgrade(args: argparse.Namespace) -> None:
+def cmd_upgrade(args: argparse.Namespace) -> Output:
     from export.bundle import SCHEMA_VERSION, upgrade_bundle
 
-    for path in args.files:
-        done = upgrade_bundle(path)
-        print(f"{path}: {'upgraded to' if done else 'already'} schema {SCHEMA_VERSION}")
+    upgraded = {path: upgrade_bundle(path) for path in args.files}
+    lines = [
+        f"{path}: {'upgraded to' if done else 'already'} schema {SCHEMA_VERSION}"
+        for path, done in upgraded.items()
+    ]
+    return Output({"schema_version": SCHEMA_VERSION, "upgraded": upgraded}, lines)
 
 
-def cmd_personalize(args: argparse.Namespace) -> None:
+def cmd_personalize(args: argparse.Namespace) -> Output:
     from edge_sdk.personalize import PersonalizeConfig, personalize
     from export.bundle import read_bundle
     from export.package import read_package
@@ -344,12 +384,20 @@ def cmd_personalize(args: argparse.Namespace) -> None:
         progress=not args.quiet,
     )
     r = result.report
-    print(
+    line = (
         f"{r['method']}: val accuracy fp32 {r['val_accuracy']['fp32']:.4f}, "
         f"int8 {r['val_accuracy']['int8']:.4f} "
         f"(before: own {r['val_accuracy_before']['own_model']:.4f}, global "
         f"{r['val_accuracy_before']['global_model']:.4f}); kept {result.kept}: wrote {result.deploy_onnx}"
     )
+    data = {
+        "method": r["method"],
+        "val_accuracy": r["val_accuracy"],
+        "val_accuracy_before": r["val_accuracy_before"],
+        "kept": result.kept,
+        "wrote": str(result.deploy_onnx),
+    }
+    return Output(data, [line])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -364,11 +412,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dataset", required=True, help="mnist, fashionmnist, cifar10, svhn or digits")
     p.add_argument("--data-root", help="torchvision-layout dataset root (not needed for digits)")
-    p.add_argument("--num-clients", type=int, required=True)
+    p.add_argument("--num-clients", type=int, required=True, help="client files to write (>= 1)")
     p.add_argument(
         "--alpha", type=float, required=True, help="Dirichlet concentration (> 0; smaller = more skew)"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the split (same seed, same files)")
     p.add_argument("--min-size", type=int, default=10, help="minimum samples per client")
     p.add_argument("--download", action="store_true", help="download the dataset if missing (needs internet)")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
@@ -393,9 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="training precision: bf16 autocast where the hardware has it (auto, the default), or as "
             "given; the exported model and its reported accuracy are float32",
         )
-        p.add_argument("--quiet", action="store_true", help="no progress bars")
         if seed:
-            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--seed", type=int, default=0, help="seed of the split, search and training")
 
     p = command("search", cmd_search, "architecture search under the device budget (writes search JSON)")
     data_args(p)
@@ -417,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("export", cmd_export, "wrap a model from `edge-sdk train` into a client bundle")
     p.add_argument("--model", required=True, help="model .onnx written by `edge-sdk train`")
     p.add_argument("--profile", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed recorded in the bundle manifest")
     p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
 
     p = command("run", cmd_run, "search -> train -> export -> bundle in one call (or train a CVAE: --role)")

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from common.checks import check_int, check_number
+from common.device import resolve_device
 from common.errors import BundleError, ConfigError, DataError
 from common.loop import minibatches, step
 from common.seeding import seeded
@@ -273,7 +274,7 @@ def _fit(
     progress: bool,
 ) -> dict[str, Any]:
     """Train ``model`` in place by ``config.method``; returns training statistics for the report."""
-    device = torch.device(config.device)
+    device = resolve_device(config.device)
     gen = torch.Generator().manual_seed(seed)
     model.to(device).train()
     global_model.to(device).eval()

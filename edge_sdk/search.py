@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,11 +27,12 @@ import torch
 from tqdm.auto import tqdm
 
 from common.checks import check_int
+from common.configs import config_from_dict
 from common.errors import ConfigError, DataError
 from edge_sdk.data import ArrayDataset
 from edge_sdk.precision import resolve_precision
 from edge_sdk.strategies import baselines, evolution, pso
-from edge_sdk.strategies.base import SearchConfig
+from edge_sdk.strategies.base import RECORD_DEFAULTS, SearchConfig
 from edge_sdk.strategies.evaluator import Evaluation, Evaluator, Found
 from profiles import DeviceProfile
 
@@ -42,6 +43,7 @@ __all__ = [
     "build_search_config",
     "replace_search_config",
     "search",
+    "search_config_from_dict",
 ]
 
 
@@ -78,7 +80,7 @@ def _refuse_foreign(config_class: type[SearchConfig], options: dict[str, Any]) -
         if name not in own and users:
             raise ConfigError(
                 f"search option {name!r} does not apply to strategy {config_class.strategy!r} "
-                f"(it is an option of {', '.join(users)})"
+                f"(it is an option of {', '.join(users)}); drop it, or choose strategy {users[0]}"
             )
 
 
@@ -101,6 +103,34 @@ def replace_search_config(base: SearchConfig, **changes: Any) -> SearchConfig:
         raise ConfigError(f"unknown search options {unknown}; valid options are {sorted(names)}")
     kept = {name: getattr(base, name) for name in names if hasattr(base, name)}
     return config_class(**(kept | changes))
+
+
+def search_config_from_dict(data: object, base: SearchConfig | None = None) -> SearchConfig:
+    """The inverse of :meth:`SearchConfig.to_dict`, and a search table a person wrote: ``strategy`` (else
+    ``base``'s, else pso) picks the config class; the other keys are its fields, over ``base`` when it is
+    of that class (else the class's defaults).
+
+    A record (every key of :data:`RECORD_DEFAULTS`) carries the other strategies' options at their record
+    defaults: those are dropped, one at another value is refused (no run of this strategy wrote it). In
+    a table a person wrote, an option of another strategy is refused by name."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"search must be a table of keys, got {type(data).__name__}: {data!r}")
+    options = dict(data)
+    config_class = _strategy(options.pop("strategy", base.strategy if base is not None else "pso")).config
+    own = {f.name for f in dataclasses.fields(config_class)}
+    if set(data) == set(RECORD_DEFAULTS):
+        changed = sorted(k for k, v in options.items() if k not in own and v != RECORD_DEFAULTS[k])
+        if changed:
+            raise ConfigError(
+                f"search record of strategy {config_class.strategy!r} sets {changed}, options of other "
+                f"strategies, away from their record defaults {[RECORD_DEFAULTS[k] for k in changed]}; "
+                "fix: reset them or drop them from the table"
+            )
+        options = {k: v for k, v in options.items() if k in own}
+    else:
+        _refuse_foreign(config_class, options)
+    kept = base if type(base) is config_class else None
+    return config_from_dict(config_class, options, what="search", base=kept)
 
 
 @dataclass(frozen=True)

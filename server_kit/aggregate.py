@@ -18,7 +18,7 @@ import copy
 import io
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from common.checks import from_preset, is_number
+from common.configs import config_from_dict
 from common.device import resolve_device
 from common.errors import (
     BundleError,
@@ -306,6 +307,14 @@ class AggregateConfig:
         out["adversarial"] = None if self.adversarial is None else self.adversarial.to_dict()
         out["precision"] = resolve_precision(self.precision, resolve_device(self.device))  # what ran
         return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AggregateConfig:
+        """The inverse of :meth:`to_dict` (a server report's ``config``), and the table of a TOML file a
+        person wrote: keys are the fields, nested tables the nested configs (``[distill]``,
+        ``[inversion]``, ...) over their defaults; an unknown key is refused with the valid ones. A
+        report records the precision that ran (``auto`` resolved), so a replay runs that one."""
+        return config_from_dict(cls, data, what="config")
 
 
 @dataclass(frozen=True)

@@ -13,22 +13,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.checks import check_output_dir
 from common.cli import (
+    Output,
     cli_main,
+    json_text,
     out_dir,
     out_file,
     overrides,
-    print_json,
     print_skipped,
     root_parser,
     with_knobs,
 )
+from common.configs import read_config_file
 from common.errors import ConfigError
 from edge_sdk import __version__
 from edge_sdk.cli import add_cvae_knobs, add_search_args, add_unknown_arg, cvae_config, search_config
 
 if TYPE_CHECKING:  # annotations only: the CLI imports the server library when a sub-command runs
     from server_kit.aggregate import AggregateConfig
+    from server_kit.simulate import SimulateConfig
 
 __all__ = ["main"]
 
@@ -61,7 +65,7 @@ DISTILL_KNOBS = {
     "distill_epochs": "epochs",
     "distill_lr": "lr",
     "distill_batch_size": "batch_size",
-    "tau": "tau",
+    "distill_tau": "tau",
     "distill_shift": "shift",
 }
 
@@ -101,7 +105,8 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--fusion",
         choices=["ce", "md", "sd"],
-        help="FedMHO: init (FedAvg or consensus distillation), then train on decoder samples with this loss",
+        help="FedMHO: init (FedAvg or consensus distillation), then train on decoder samples with this loss; "
+        "the --fusion-* options need it (or a preset with fusion)",
     )
     g.add_argument(
         "--fusion-preset", help="FedMHO Table 3 settings: mnist (default), fashionmnist, svhn, emnist, fast"
@@ -210,7 +215,11 @@ def add_aggregate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--distill-epochs", type=int)
     g.add_argument("--distill-lr", type=float)
     g.add_argument("--distill-batch-size", type=int)
-    g.add_argument("--tau", type=float, help="distillation temperature (paper: 4)")
+    g.add_argument(
+        "--distill-tau",
+        type=float,
+        help="distillation temperature (paper: 4; was --tau, which edge-sdk personalize uses for PKT)",
+    )
     g.add_argument(
         "--distill-shift", type=float, help="random shift of distillation batches (fraction of side)"
     )
@@ -260,7 +269,12 @@ def aggregate_config(
 
         mode = args.fusion or (base.fusion.mode if base.fusion is not None else None)
         if mode is None:
-            raise ConfigError("the --fusion-* options configure FedMHO's fusion: add --fusion ce|md|sd")
+            dests = ("fusion_preset", "fusion_epochs", "fusion_lr", "fusion_lambda", "fusion_teacher")
+            named = ["--" + d.replace("_", "-") for d in dests if getattr(args, d) is not None]
+            raise ConfigError(
+                f"{', '.join(named)} configure FedMHO's fusion, which is off: expected --fusion ce|md|sd "
+                "with them; add --fusion or drop them"
+            )
         if base.fusion is not None and args.fusion_preset is None:
             top["fusion"] = dataclasses.replace(base.fusion, mode=mode, **given)
         else:
@@ -276,72 +290,132 @@ def aggregate_config(
     )
 
 
-def cmd_aggregate(args: argparse.Namespace) -> None:
+def cmd_aggregate(args: argparse.Namespace) -> Output:
     from edge_sdk.data import load_client_data
-    from server_kit.aggregate import aggregate
+    from server_kit.aggregate import AggregateConfig, aggregate
 
-    config = aggregate_config(args, seed=args.seed)
+    base = AggregateConfig.from_dict(read_config_file(args.config)) if args.config is not None else None
+    seed = args.seed if args.seed is not None else base.seed if base is not None else 0
+    config = aggregate_config(args, seed=seed, base=base)
+    if args.print_config:  # JSON in both formats: --config reads it back from a .json file
+        return Output(config.to_dict(), [json_text(config.to_dict())])
     eval_data = load_client_data(args.eval) if args.eval else None
     result = aggregate(args.bundles, args.out, config=config, eval_data=eval_data, progress=not args.quiet)
-    print_skipped("server-kit", result.report["skipped"])
+    print_skipped(result.report["skipped"])
     acc = "" if result.accuracy is None else f"; test accuracy {result.accuracy:.4f}"
-    print(f"wrote {result.global_onnx} ({result.synthetic_size} synthetic samples){acc}")
+    data = {
+        "accuracy": result.accuracy,
+        "synthetic_size": result.synthetic_size,
+        "skipped": result.report["skipped"],
+        "wrote": [str(result.global_onnx), str(result.report_path)],
+    }
+    return Output(data, [f"wrote {result.global_onnx} ({result.synthetic_size} synthetic samples){acc}"])
 
 
-def cmd_evaluate(args: argparse.Namespace) -> None:
+def cmd_evaluate(args: argparse.Namespace) -> Output:
+    """The metrics as JSON in both formats (it always was: scripts parse it)."""
     from edge_sdk.data import load_client_data
     from server_kit.evaluate import evaluate_onnx
 
-    print_json(evaluate_onnx(args.model, load_client_data(args.data)))
+    metrics = evaluate_onnx(args.model, load_client_data(args.data))
+    return Output(metrics, [json_text(metrics)])
 
 
-def cmd_simulate(args: argparse.Namespace) -> None:
-    from server_kit.simulate import SimulateConfig, simulate
+# simulate's plain options (flag dest = SimulateConfig field): each overrides the preset or --config file
+SIMULATE_FIELDS = [
+    *("data_root", "num_clients", "alpha", "seed", "decoders", "shared_init"),
+    *("val_fraction", "min_size", "jobs", "device", "precision", "resume"),
+]
 
-    base = SimulateConfig.preset(args.method, dataset=args.dataset, out_dir=Path(args.out))
-    given = overrides(args, ["decoders", "shared_init"])
+
+def simulate_config(args: argparse.Namespace) -> SimulateConfig:
+    """The federation: ``--config`` (a TOML file, or a run's results.json to replay it) or ``--method``'s
+    preset, with every option given on the command line over it (``--out`` over the file's out_dir)."""
+    from server_kit.simulate import SimulateConfig
+
+    if args.config is not None:
+        if args.method is not None:
+            raise ConfigError(
+                "simulate takes --method (a preset) or --config (a file), got both; fix: drop one, or write "
+                "the preset's fields into the file (--method ... --print-config shows them)"
+            )
+        data = read_config_file(args.config)
+        data |= {"dataset": args.dataset} if args.dataset is not None else {}
+        data |= {"out_dir": args.out} if args.out is not None else {}
+        if "dataset" not in data or "out_dir" not in data:
+            raise ConfigError(
+                f"simulate needs a dataset and an output directory, got {args.config} without "
+                f"{'dataset' if 'dataset' not in data else 'out_dir'}; fix: add it to the file, or give "
+                f"{'--dataset' if 'dataset' not in data else '--out'}"
+            )
+        base = SimulateConfig.from_dict(data)
+    elif args.dataset is None or args.out is None:
+        raise ConfigError(
+            "simulate needs --dataset and --out, got "
+            f"{'neither' if args.dataset is None and args.out is None else 'only one'}; fix: give both, "
+            "or --config FILE naming them (dataset, out_dir)"
+        )
+    else:
+        base = SimulateConfig.preset(args.method or "default", dataset=args.dataset, out_dir=Path(args.out))
+    given = overrides(args, SIMULATE_FIELDS)
     if args.profiles is not None:
         given["profiles"] = tuple(p for p in args.profiles.split(",") if p)
+    if args.profile_map is not None:
+        given["profile_map"] = Path(args.profile_map)
+    if args.unknown_output:
+        given["unknown_output"] = True
+    if args.quiet:
+        given["progress"] = False
     config = dataclasses.replace(
         base,
-        data_root=args.data_root,
-        num_clients=args.num_clients,
-        alpha=args.alpha,
-        seed=args.seed,
-        profile_map=Path(args.profile_map) if args.profile_map else None,
         search=search_config(args, base.search),
         cvae=cvae_config(args, base.cvae),
-        unknown_output=args.unknown_output,
-        precision=args.precision or "auto",
-        aggregate=aggregate_config(args, seed=args.seed, base=base.aggregate),
-        val_fraction=args.val_fraction,
-        min_size=args.min_size,
-        jobs=args.jobs,
-        device=args.device,
-        progress=not args.quiet,
-        resume=args.resume,
+        aggregate=aggregate_config(args, seed=given.get("seed", base.aggregate.seed), base=base.aggregate),
         **given,
     )
+    check_output_dir(config.out_dir)  # the file's out_dir was not checked at parse time as --out is
+    return config
+
+
+def cmd_simulate(args: argparse.Namespace) -> Output:
+    from server_kit.simulate import simulate
+
+    config = simulate_config(args)
+    if args.print_config:  # JSON in both formats: --config reads it back from a .json file
+        return Output(config.to_dict(), [json_text(config.to_dict())])
     result = simulate(config)
-    print(
+    line = (
         f"global accuracy {result.global_accuracy:.4f} "
         f"(mean classifier client {result.mean_client_test_accuracy or float('nan'):.4f}) "
         f"in {result.seconds['total']:.0f} s; wrote {config.out_dir / 'results.json'}"
     )
+    data = {
+        "global_accuracy": result.global_accuracy,
+        "mean_client_test_accuracy": result.mean_client_test_accuracy,
+        "resumed_clients": result.resumed_clients,
+        "seconds": result.seconds,
+        "wrote": str(config.out_dir / "results.json"),
+    }
+    return Output(data, [line])
 
 
-def cmd_personalize(args: argparse.Namespace) -> None:
+def cmd_personalize(args: argparse.Namespace) -> Output:
     from server_kit.pke import PKEConfig, personalize_server
 
     knobs = overrides(args, ["epochs", "lr", "batch_size", "mu", "max_inputs", "seed", "device"])
     result = personalize_server(
         args.bundles, args.aggregate, args.out, config=PKEConfig(**knobs), progress=not args.quiet
     )
-    print_skipped("server-kit", result.report["skipped"])
-    print(f"wrote {len(result.packages)} packages and {result.report_path}")
+    print_skipped(result.report["skipped"])
+    data = {
+        "packages": [str(path) for path in result.packages],
+        "skipped": result.report["skipped"],
+        "wrote": str(result.report_path),
+    }
+    return Output(data, [f"wrote {len(result.packages)} packages and {result.report_path}"])
 
 
-def cmd_supernet(args: argparse.Namespace) -> None:
+def cmd_supernet(args: argparse.Namespace) -> Output:
     from server_kit.supernet import SupernetConfig, supernet_from_bundles
 
     knobs = overrides(args, ["steps", "batch_size", "lr", "random_subnets", "seed", "device"])
@@ -353,12 +427,19 @@ def cmd_supernet(args: argparse.Namespace) -> None:
         config=SupernetConfig(**knobs),
         progress=not args.quiet,
     )
-    print_skipped("server-kit", report["skipped"])
+    print_skipped(report["skipped"])
     steps, inputs = report["config"]["steps"], report["inputs"]
-    print(f"wrote {args.out} ({steps} steps on {inputs} {report['data']} inputs)")
+    data = {
+        "steps": steps,
+        "inputs": inputs,
+        "data": report["data"],
+        "skipped": report["skipped"],
+        "wrote": args.out,
+    }
+    return Output(data, [f"wrote {args.out} ({steps} steps on {inputs} {report['data']} inputs)"])
 
 
-def cmd_init(args: argparse.Namespace) -> None:
+def cmd_init(args: argparse.Namespace) -> Output:
     from edge_sdk.data import load_client_data
     from edge_sdk.shared_init import write_initial_weights
 
@@ -376,14 +457,24 @@ def cmd_init(args: argparse.Namespace) -> None:
     else:
         raise ConfigError("give the task: --data FILE.npz, or --input-shape C,H,W and --num-classes N")
     path = write_initial_weights(args.out, args.arch, shape, classes, seed=args.seed)  # type: ignore[arg-type]
-    print(f"wrote {path} (initial weights of {args.arch} for {classes} classes of {shape}, seed {args.seed})")
+    line = f"wrote {path} (initial weights of {args.arch} for {classes} classes of {shape}, seed {args.seed})"
+    data = {"arch": args.arch, "input_shape": list(shape), "num_classes": classes, "seed": args.seed}
+    return Output(data | {"wrote": str(path)}, [line])
 
 
-def cmd_hetero_avg(args: argparse.Namespace) -> None:
+def cmd_hetero_avg(args: argparse.Namespace) -> Output:
     from server_kit.hetero_avg import hetero_fedavg
 
     report = hetero_fedavg(args.bundles, args.supernet, args.out)
-    print(f"wrote {len(report['clients'])} personalised models and the aggregated supernet to {args.out}")
+    line = f"wrote {len(report['clients'])} personalised models and the aggregated supernet to {args.out}"
+    return Output({"clients": report["clients"], "wrote": args.out}, [line])
+
+
+def cmd_report(args: argparse.Namespace) -> Output:
+    from server_kit.report import write_report
+
+    path = write_report(args.run_dir)
+    return Output({"wrote": str(path)}, [str(path)])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -398,9 +489,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("bundles", nargs="+", help="client bundle files")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="seed of the server's synthesis and training (default 0)")
     p.add_argument("--eval", help="test .npz to report accuracy on")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument(
+        "--config",
+        help="a TOML file of AggregateConfig fields (nested tables: [distill], [inversion], ...) or a "
+        "server report.json to replay it; every other option given overrides it",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as JSON (sorted keys; --config reads it back from a .json file) "
+        "and exit without running",
+    )
     add_aggregate_args(p)
 
     p = command("evaluate", cmd_evaluate, "accuracy of an ONNX classifier on a .npz (JSON)")
@@ -410,16 +511,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "simulate", cmd_simulate, "a whole simulated federation: partition, clients, server, evaluation"
     )
-    p.add_argument("--dataset", required=True, help="mnist, fashionmnist, cifar10, svhn or digits")
+    p.add_argument(
+        "--config",
+        help="a TOML file of SimulateConfig fields (nested tables: [search], [cvae], [aggregate], ...) or a "
+        "run's results.json to replay it; every other option given overrides it",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as JSON (sorted keys; --config reads it back from a .json file) "
+        "and exit without running",
+    )
+    p.add_argument("--dataset", help="mnist, fashionmnist, cifar10, svhn or digits (or the --config file's)")
     p.add_argument("--data-root", help="torchvision-layout dataset root (not needed for digits)")
-    p.add_argument("--num-clients", type=int, default=10)
-    p.add_argument("--alpha", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-size", type=int, default=10)
-    p.add_argument("--out", required=True, type=out_dir, help="output directory (rerun to resume)")
+    p.add_argument("--num-clients", type=int, help="clients in the federation (default 10)")
+    p.add_argument("--alpha", type=float, help="Dirichlet concentration of the label skew (default 0.5)")
+    p.add_argument(
+        "--seed", type=int, help="seed of the partition, the clients (seed + k) and the server (default 0)"
+    )
+    p.add_argument("--min-size", type=int, help="fewest examples a client gets (default 10)")
+    p.add_argument(
+        "--out", type=out_dir, help="output directory (rerun to resume); over the --config file's out_dir"
+    )
     p.add_argument(
         "--resume",
-        default="auto",
         choices=["auto", "strict", "off"],
         help="a rerun into the same --out: auto reuses the partition, client bundles and inversion chunks "
         "made with the same settings, data and code and redoes the rest; strict refuses files made "
@@ -427,7 +542,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--method",
-        default="default",
         choices=["default", "fedmho"],
         help="the federation's recipe: default (searched classifiers + decoders, consensus distillation) "
         "or fedmho (FedMHO: 5 classifier + 5 CVAE devices, shared init, FedAvg, fusion MD; see "
@@ -448,10 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the server's initial weights (default on)",
     )
     p.add_argument("--profile-map", help="TOML: default = 'name' and [clients] index = 'name'")
-    p.add_argument("--jobs", type=int, default=1, help="clients trained in parallel processes")
-    p.add_argument("--val-fraction", type=float, default=0.2)
-    p.add_argument("--device", default="cpu", help="client training device")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--jobs", type=int, help="clients trained in parallel processes (default 1)")
+    p.add_argument("--val-fraction", type=float, help="share of each client's data held out (default 0.2)")
+    p.add_argument("--device", help="client training device (default cpu)")
     add_search_args(p)
     add_cvae_knobs(p)
     add_unknown_arg(p)
@@ -472,7 +585,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-inputs", type=int, help="distillation inputs per package (default 2000)")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="cpu or cuda")
-    p.add_argument("--quiet", action="store_true")
 
     p = command(
         "supernet",
@@ -491,7 +603,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-subnets", type=int, help="k random subnets per step (default 2)")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="cpu or cuda")
-    p.add_argument("--quiet", action="store_true")
 
     p = command(
         "init",
@@ -511,6 +622,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundles", nargs="+", help="client bundles whose archs are mbv3:... subnets")
     p.add_argument("--supernet", required=True, help="the supernet file the clients searched")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
+
+    p = command("report", cmd_report, "(re)write RUN_DIR/report.html from the files a simulate run wrote")
+    p.add_argument("run_dir", help="the output directory of `server-kit simulate` (holds results.json)")
     return parser
 
 

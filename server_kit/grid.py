@@ -16,10 +16,14 @@ from torch import Tensor
 from common.errors import ConfigError
 from export.atomic import atomic_write_bytes
 
-__all__ = ["grid_png", "write_grid"]
+__all__ = ["GRID_PADDING", "grid_png", "write_grid"]
+
+GRID_PADDING = 2  # grey pixels between cells (server_kit.report finds the class rows by it)
 
 
-def grid_png(x: Tensor, probs: Tensor, *, per_class: int = 8, scale: int = 2, padding: int = 2) -> bytes:
+def grid_png(
+    x: Tensor, probs: Tensor, *, per_class: int = 8, scale: int = 2, padding: int = GRID_PADDING
+) -> bytes:
     """PNG bytes: row c holds up to ``per_class`` images whose consensus argmax is c, by confidence.
 
     x: N x C x H x W float in [0, 1] (C = 1 or 3); probs: N x L. Missing cells stay black.

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import minibatches, step
 from edge_sdk.arch import build_model
@@ -106,7 +107,7 @@ def train_server_models(
             f"need one knowledge tensor per server model, got {len(knowledge)} for {len(models)}"
         )
     names = extractor_names(models[0])
-    device = torch.device(config.device)
+    device = resolve_device(config.device)
     gen = torch.Generator().manual_seed(config.seed)
     x = x.to(device)
     optimizers = [torch.optim.Adam(m.to(device).parameters(), lr=config.lr) for m in models]
@@ -186,7 +187,7 @@ def personalize_server(
     x = synthetic.x[keep[: config.max_inputs].sort().values]  # N x C x H x W, multiples of 1/255
     generator_path = agg / "generator" / "generator.onnx"
     generator_bytes = generator_path.read_bytes() if generator_path.is_file() else None
-    device = torch.device(config.device)
+    device = resolve_device(config.device)
     knowledge = [_logits(t.module.to(device), x.to(device)).cpu() for t in teachers]  # Z_n: N x L each
     seconds["load"] = time.perf_counter() - t0
 

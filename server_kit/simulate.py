@@ -35,12 +35,16 @@ import os
 import shutil
 import time
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from common.checks import differences, from_preset
+from common.configs import config_from_dict
 from common.errors import BundleError, ConfigError
 from edge_sdk.artifacts import decoder_bundle_path
 from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
@@ -49,6 +53,7 @@ from edge_sdk.data import client_name, load_client_data, partition, partition_se
 from edge_sdk.precision import check_precision
 from edge_sdk.profiling import usable_threads
 from edge_sdk.roles import resolve_role
+from edge_sdk.search import search_config_from_dict
 from edge_sdk.shared_init import write_initial_weights
 from edge_sdk.strategies.base import SearchConfig
 from edge_sdk.strategies.baselines import FixedConfig
@@ -60,13 +65,15 @@ from profiles import load_profile
 from server_kit.aggregate import AggregateConfig, aggregate
 from server_kit.evaluate import evaluate_onnx
 from server_kit.fusion import FusionConfig
+from server_kit.report import write_report
 
 __all__ = ["RESUME_MODES", "SimulateConfig", "SimulateResult", "assign_profiles", "simulate"]
 
-log = logging.getLogger(__name__)
-
 # what a rerun into the same out_dir does with the files of an earlier run (see the module docstring)
 RESUME_MODES = ("auto", "strict", "off")
+
+logger = logging.getLogger("server_kit")  # the lines shown while the clients' bar runs (tqdm redirects it)
+log = logging.getLogger(__name__)  # the resume decisions, before the bar; through server_kit's handler
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +128,8 @@ class SimulateConfig:
         if not self.profiles and self.profile_map is None:
             raise ConfigError("give at least one profile (profiles=...) or a profile_map TOML")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
+        if self.profile_map is not None:
+            object.__setattr__(self, "profile_map", Path(self.profile_map))
 
     @classmethod
     def preset(cls, name: str, *, dataset: str, out_dir: Path | str, **fields: Any) -> SimulateConfig:
@@ -146,6 +155,15 @@ class SimulateConfig:
         data["out_dir"] = str(self.out_dir)
         data["profile_map"] = str(self.profile_map) if self.profile_map else None
         return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SimulateConfig:
+        """The inverse of :meth:`to_dict` (``from_dict(to_dict(c)) == c``, also through JSON), and the
+        table of a TOML file a person wrote: keys are the fields, nested tables the nested configs
+        (``[search]`` with its ``strategy``, ``[cvae]``, ``[aggregate]``, ``[aggregate.distill]``, ...);
+        a key left out keeps its default, an unknown one is refused with the valid ones. What it
+        replays is what was asked: ``precision = "auto"`` resolves again on the machine that replays."""
+        return config_from_dict(cls, data, what="config", builders={"search": search_config_from_dict})
 
 
 # FedMHO's classifier architecture here: CNN1 (pFedZKD's MNIST CNN), 21 MFLOPs at 28x28, within every
@@ -327,6 +345,21 @@ def _run_one(data_path: str, bundle_path: str, profile_name: str, config: Client
         load_client_data(data_path), profile=load_profile(profile_name), config=config, out=bundle_path
     )
     return {"seconds": result.seconds}
+
+
+def _client_line(bundle_path: Path, how: str) -> str:
+    """The progress line of the client of ``bundle_path`` (named as its files are), from the report it
+    wrote last: profile, role, arch, seconds and its local validation score (the test accuracy comes
+    after the server, in ``results.json``)."""
+    report = json.loads(bundle_path.with_name(bundle_path.name + ".report.json").read_text(encoding="utf-8"))
+    metrics = report.get("metrics") or {}
+    if "val_accuracy" in metrics:
+        score = f"val accuracy {metrics['val_accuracy']:.4f}"
+    else:  # a CVAE client: its decoder has no accuracy
+        score = f"val loss {metrics.get('val_loss', float('nan')):.4f}"
+    seconds = sum(report.get("seconds", {}).values())
+    where = f"{report.get('profile')}, {report.get('role')}, {report.get('arch')}"
+    return f"{bundle_path.name.removesuffix('.bundle')} ({where}): {how}, {seconds:.1f} s, {score}"
 
 
 @dataclass(frozen=True)
@@ -605,10 +638,8 @@ def simulate(config: SimulateConfig) -> SimulateResult:
             for k, verdict in enumerate(verdicts):
                 if verdict.differs:
                     _refuse(bundles[k], verdict)
-        for k, verdict in enumerate(verdicts):
-            if verdict.reuse:
-                log.info("%s reused: same settings, data and code", names_on_disk[k])
-            else:
+        for k, verdict in enumerate(verdicts):  # why each client runs; a reused one says so as it is listed
+            if not verdict.reuse:
                 log.info("%s runs: %s", names_on_disk[k], verdict.reason)
         todo = [k for k in range(config.num_clients) if not verdicts[k].reuse]
         # largest clients first (longest-processing-time order): the last job to start is a short one,
@@ -616,13 +647,28 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         sizes = _client_sizes(out / "data", config.num_clients)
         todo.sort(key=lambda k: (-sizes[k], k))
         jobs = [(str(data_paths[k]), str(bundles[k]), names[k], client_configs[k]) for k in todo]
-        if pool is None:
-            for job in jobs:
-                _run_one(*job)
-        else:
-            futures = [pool.submit(_run_one, *job) for job in jobs]
-            for future in cf.as_completed(futures):
-                future.result()  # re-raise the first client failure
+        # one log line per client as it finishes, and a bar over the clients where the clients' own bars
+        # are off (jobs > 1: nothing else would show before the server starts)
+        bar = tqdm(
+            total=config.num_clients,
+            initial=config.num_clients - len(todo),
+            desc="clients",
+            unit="client",
+            disable=not config.progress or pool is None,
+        )
+        with bar, logging_redirect_tqdm([logger]):
+            for k in sorted(set(range(config.num_clients)) - set(todo)):
+                logger.info("%s", _client_line(bundles[k], "reused"))
+            if pool is None:
+                for k, job in zip(todo, jobs, strict=True):
+                    _run_one(*job)
+                    logger.info("%s", _client_line(bundles[k], "trained"))
+            else:
+                futures = {pool.submit(_run_one, *job): k for k, job in zip(todo, jobs, strict=True)}
+                for future in cf.as_completed(futures):
+                    future.result()  # re-raise the first client failure
+                    logger.info("%s", _client_line(bundles[futures[future]], "trained"))
+                    bar.update()
     seconds["clients"] = time.perf_counter() - t0
 
     # --- server ------------------------------------------------------------------------------------------
@@ -689,4 +735,5 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         redone_clients=tuple({"client": k, "reason": verdicts[k].reason} for k in sorted(todo)),
     )
     atomic_write_json(out / "results.json", result.to_dict())
+    write_report(out)  # from the files just written (results.json first: a failed drawing loses nothing)
     return result

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import step
 from common.seeding import seeded
@@ -85,7 +86,7 @@ def train_supernet(
         raise ConfigError("supernet training needs at least one teacher")
     if x.ndim != 4 or len(x) < 2:
         raise DataError(f"x must be N x C x H x W with N >= 2, got {tuple(x.shape)}")
-    device = torch.device(config.device)
+    device = resolve_device(config.device)
     targets = _ensemble_logits(teachers, x, device)
     with seeded(config.seed):
         supernet = SuperNet(input_shape, num_classes)

@@ -1,4 +1,5 @@
-"""`edge-sdk` command line: help, one-line errors with exit code 2, no partial output on bad input."""
+"""`edge-sdk` command line: help, one-line errors (exit 2 for an option, 1 for what the run met), no partial
+output on bad input."""
 
 import pytest
 
@@ -21,9 +22,9 @@ def test_help_lists_every_command(capsys):
 
 
 @pytest.mark.parametrize(
-    ("args", "match"),
+    ("args", "match", "code"),
     [
-        (["--dataset", "imagenet-22k", "--num-clients", "2", "--alpha", "0.5"], "imagenet-22k"),
+        (["--dataset", "imagenet-22k", "--num-clients", "2", "--alpha", "0.5"], "imagenet-22k", 2),
         (
             [
                 "--dataset",
@@ -36,15 +37,16 @@ def test_help_lists_every_command(capsys):
                 "0.5",
             ],
             "--download",
+            1,  # a DataError: the data the run looked for (exit 1 since #20; was 2)
         ),
-        (["--dataset", "digits", "--num-clients", "2", "--alpha", "0"], "alpha"),
-        (["--dataset", "digits", "--num-clients", "5000", "--alpha", "0.5"], "client"),
+        (["--dataset", "digits", "--num-clients", "2", "--alpha", "0"], "alpha", 2),
+        (["--dataset", "digits", "--num-clients", "5000", "--alpha", "0.5"], "client", 1),
     ],
 )
-def test_partition_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, args, match):
+def test_partition_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, args, match, code):
     out_dir = tmp_path / "parts"
-    code, _, err = run(capsys, "partition", *args, "--out", str(out_dir))
-    assert code == 2
+    got, _, err = run(capsys, "partition", *args, "--out", str(out_dir))
+    assert got == code
     assert err.startswith("edge-sdk: error:")
     assert len(err.strip().splitlines()) == 1
     assert match in err
@@ -141,4 +143,5 @@ def test_upgrade_rewrites_schema1_bundles_in_place(capsys, tmp_path):
     junk = tmp_path / "junk.bundle"
     junk.write_bytes(b"\xc1")
     code, _, err = run(capsys, "upgrade", str(junk))
-    assert code == 2 and err.startswith(f"edge-sdk: error: {junk}: not a readable bundle")
+    # a corrupt bundle is a runtime error: exit 1 since #20 (was 2, the code of usage errors)
+    assert code == 1 and err.startswith(f"edge-sdk: error: {junk}: not a readable bundle")

@@ -16,13 +16,15 @@ from tests.server_kit.test_aggregate import SHAPE, L, bundles, tiny_config  # no
 from tests.server_kit.test_synth_sources import TINY_GENERATOR
 
 
-def test_supernet_evolution_and_hetero_avg(tmp_path, bundles):  # noqa: F811
+def test_supernet_evolution_and_hetero_avg(tmp_path, bundles, capsys):  # noqa: F811
     aggregate(
         bundles, tmp_path / "server", config=tiny_config(synth=("generator",), generator=TINY_GENERATOR)
     )
     supernet = tmp_path / "supernet.file"
     assert server_main(["supernet", *bundles, "--aggregate", str(tmp_path / "server"), "--out", str(supernet),
-                        "--steps", "3", "--batch-size", "8", "--quiet"]) == 0  # fmt: skip
+                        "--steps", "3", "--batch-size", "8", "--quiet", "--format", "json"]) == 0  # fmt: skip
+    printed = json.loads(capsys.readouterr().out)  # --format json: the result as one object (#20)
+    assert printed["wrote"] == str(supernet) and printed["data"] == "synthetic" and printed["steps"] == 3
     assert json.loads((tmp_path / "supernet.file.json").read_text())["data"] == "synthetic"
     clients = []
     for k in range(2):
@@ -39,11 +41,12 @@ def test_supernet_evolution_and_hetero_avg(tmp_path, bundles):  # noqa: F811
         assert edge_main(args) == 0
         assert read_bundle(out).arch.startswith("mbv3:")
         clients.append(str(out))
-    assert (
-        server_main(["hetero-avg", *clients, "--supernet", str(supernet), "--out", str(tmp_path / "hfa")])
-        == 0
-    )
+    capsys.readouterr()
+    argv = ["hetero-avg", *clients, "--supernet", str(supernet), "--out", str(tmp_path / "hfa")]
+    assert server_main([*argv, "--format", "json"]) == 0
     report = json.loads((tmp_path / "hfa" / "hetero_avg.json").read_text())
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {"clients": report["clients"], "wrote": str(tmp_path / "hfa")}
     for row, path in zip(report["clients"], clients, strict=True):
         model = (tmp_path / "hfa" / row["onnx"]).read_bytes()
         assert read_metadata(model)["arch"] == read_bundle(path).arch

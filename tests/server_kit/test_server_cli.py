@@ -1,4 +1,5 @@
-"""Both command lines on bad invocations: one stderr line, exit code 2, nothing written; `--on-error`."""
+"""Both command lines on bad invocations: one stderr line, exit code 2 (1 for a bad bundle), nothing
+written; `--on-error`."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def test_on_error_skip_drops_each_bad_bundle_with_one_stderr_line(capsys, tmp_pa
     wire.update(schema_version=1, sha256=hashlib.sha256(wire["model_onnx"]).hexdigest())
     old.write_bytes(msgpack.packb(wire, use_bin_type=True))
     argv = ["aggregate", *bundles, str(corrupt), "--out", str(tmp_path / "stop"), *TINY]
-    assert server_main(argv) == 2
+    assert server_main(argv) == 1  # a corrupt bundle is a runtime error (exit 1 since #20; was 2)
     err = capsys.readouterr().err
     assert err.startswith(f"server-kit: error: {corrupt}: not a readable bundle") and err.count("\n") == 1
 

@@ -16,6 +16,7 @@ from server_kit.simulate import (
     SimulateConfig,
     SimulateResult,
     _client_config,
+    _client_line,
     _client_verdict,
     _partition_verdict,
     _prepare_server,
@@ -77,6 +78,18 @@ def test_results_have_every_field(federation):
     assert {"partition", "clients", "server_inversion", "server_distill", "total"} <= set(results["seconds"])
     assert results["synthetic_size"] == 3 * 200
     assert (out / "server" / "global.onnx").is_file() and (out / "server" / "pseudo_images.png").is_file()
+
+
+def test_each_client_has_a_progress_line_with_its_validation_accuracy(federation):
+    """The line simulate logs as a client finishes (#20): its profile, role, arch, seconds, val score."""
+    out, results = federation
+    for row in results["clients"]:
+        k = row["client"]
+        name = client_name(k, 3)
+        line = _client_line(out / "clients" / f"{name}.bundle", "reused")
+        assert line.startswith(f"{name} ({row['profile']}, ")
+        assert f", {row['arch']}): reused, " in line
+        assert line.endswith(f" s, val accuracy {row['val_accuracy']:.4f}")
 
 
 def test_results_json_holds_every_field_of_the_simulate_result(federation):

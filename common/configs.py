@@ -1,0 +1,124 @@
+"""Configs from dicts and files: the inverse of a frozen config's ``to_dict``, so a run can be replayed
+from the ``results.json`` it wrote (JSON, what machines write) or from a TOML file a person wrote.
+
+One builder for every config: keys are checked against the dataclass's fields (an unknown key is refused
+with the list of valid ones), values are brought back to the field's type where JSON and TOML lose it
+(lists -> tuples, strings -> paths), and a nested table builds the nested config, over that field's
+current value, so a partial table (``[aggregate.distill] epochs = 5``) changes only the keys it names.
+The configs' own ``__post_init__`` validates what comes out. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from common.errors import ConfigError
+
+__all__ = ["Builder", "config_from_dict", "read_config_file"]
+
+T = TypeVar("T")
+
+# builds one field from its table and the field's current value (a config of the same class, or None)
+Builder = Callable[[Any, Any], Any]
+
+
+def config_from_dict(
+    cls: type[T],
+    data: object,
+    *,
+    what: str,
+    base: T | None = None,
+    builders: Mapping[str, Builder] | None = None,
+) -> T:
+    """``cls`` built from ``data`` (a mapping of field names), over ``base`` when given (its values fill
+    the keys ``data`` leaves out; else the fields' defaults do). A field named in ``builders`` is built
+    by it (a family of configs picked by a key, e.g. the search strategy); a dataclass-typed field from
+    a mapping is built by this function, recursively. ``what`` names the table in error messages."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{what} must be a table of keys, got {type(data).__name__}: {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown keys {unknown} in {what}; valid keys are {sorted(fields)}; fix: remove or rename them"
+        )
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {} if base is None else {name: getattr(base, name) for name in fields}
+    for name, value in data.items():
+        current = getattr(base, name) if base is not None else _default(fields[name])
+        if builders is not None and name in builders:
+            values[name] = builders[name](value, current)
+        else:
+            values[name] = _convert(hints[name], value, current, f"{what}.{name}")
+    missing = sorted(name for name, f in fields.items() if name not in values and _required(f))
+    if missing:
+        raise ConfigError(f"{what} needs the keys {missing}, got {sorted(data)}; fix: add them")
+    return cls(**values)
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """The field's default value (a fresh one from its factory), None when it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _convert(hint: Any, value: Any, current: Any, what: str) -> Any:
+    """``value`` as read from JSON or TOML, brought back to the type ``hint`` where those formats lose it;
+    anything else is passed on for the config to validate."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        members = [m for m in typing.get_args(hint) if m is not type(None)]
+        if len(members) != 1:
+            return value
+        hint = members[0]
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if isinstance(value, hint):
+            return value
+        return config_from_dict(hint, value, what=what, base=current if isinstance(current, hint) else None)
+    if typing.get_origin(hint) is tuple and isinstance(value, list):
+        return tuple(value)
+    if hint is Path and isinstance(value, str):
+        return Path(value)
+    return value
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The config table of ``path``: a ``.toml`` file a person wrote, or a ``.json`` file a run wrote
+    (a ``results.json``: its ``config`` entry; or a bare config, e.g. ``--print-config``'s output)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {err}; fix: check the path") from err
+    try:
+        if path.suffix.lower() == ".toml":
+            data: Any = tomllib.loads(text)
+        elif path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(
+                f"config file must end in .toml or .json, got {str(path)!r}; fix: rename it or point at "
+                "a run's results.json"
+            )
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"config file {str(path)!r} does not parse: {err}") from err
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        data = data["config"]
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a table of keys, got {type(data).__name__}")
+    return data

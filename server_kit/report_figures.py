@@ -1,0 +1,240 @@
+"""The figures of ``report.html`` (server_kit.report), each drawn from values checked first: a figure
+function returns None when its values are absent, malformed or too many to draw, and the page says so.
+
+Figures are ``matplotlib.figure.Figure`` objects on the Agg canvas, never made through ``pyplot``: no global
+figure registry, no backend switch. The caller draws them under mathtext off (``text.parse_math``), so a
+``$`` in a name read from a run stays a ``$``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import struct
+from typing import Any
+
+import matplotlib.image
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from server_kit.grid import GRID_PADDING
+
+__all__ = [
+    "MAX_DRAWN_CLASSES", "MAX_DRAWN_CLIENTS", "class_labels", "client_figure", "curve_figure", "grid_figure",
+    "lookup", "number", "numbers", "partition_figure", "per_class_figure", "personal_figure", "phase_figure",
+    "png_uri", "series",
+]  # fmt: skip
+
+MAX_GRID_PIXELS = 4_000_000  # read from the PNG header before anything is decoded
+MAX_DRAWN_CLIENTS = 200  # beyond these a figure would be unreadable (and huge): a note instead
+MAX_DRAWN_CLASSES = 100
+# class names of the datasets that have them beyond their index (edge_sdk.data.DATASETS)
+CLASS_NAMES = {
+    "fashionmnist": ("T-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
+                     "boot"),
+    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
+}  # fmt: skip
+PHASE_TOTALS = ("total", "server_total")  # sums of other phases: stated in the title, not drawn as bars
+DPI = 100
+
+
+def number(value: Any) -> float | None:
+    """A finite int or float as float, else None (a bool is no number here)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def numbers(value: Any) -> list[float] | None:
+    """A non-empty list of finite numbers, or None."""
+    if not isinstance(value, list) or not value:
+        return None
+    checked = [number(v) for v in value]
+    return None if any(v is None for v in checked) else checked  # type: ignore[return-value]
+
+
+def series(value: Any) -> dict[str, list[float]]:
+    """Named curves from a report's loss record: a list of numbers, a list of dicts of numbers (one curve
+    per key) or a dict of lists; {} when it is none of these."""
+    if numbers(value) is not None:
+        return {"loss": numbers(value)}  # type: ignore[dict-item]
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        keys = sorted(set.intersection(*(set(v) for v in value)))
+        columns = {str(k): numbers([v[k] for v in value]) for k in keys}
+        return {k: c for k, c in columns.items() if c is not None}
+    if isinstance(value, dict):
+        columns = {str(k): numbers(v) for k, v in sorted(value.items())}
+        return {k: c for k, c in columns.items() if c is not None}
+    return {}
+
+
+def lookup(data: dict[str, Any] | None, *keys: str) -> Any:
+    """``data[k1][k2]...``, or None where a level is missing or no dict (a run's files may be partial)."""
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def class_labels(dataset: Any, num_classes: int) -> list[str]:
+    """Row and tick labels: the index, and the class name for the datasets whose names are not indices."""
+    names = CLASS_NAMES.get(str(dataset).lower())
+    if names is not None and len(names) == num_classes:
+        return [f"{c} {name}" for c, name in enumerate(names)]
+    return [str(c) for c in range(num_classes)]
+
+
+def png_uri(fig: Figure) -> str:
+    """The figure as a base64 PNG data URI (no software metadata: the same run gives the same bytes)."""
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    fig.clear()
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def partition_figure(counts: Any, labels: list[str]) -> Figure | None:
+    """Heatmap of examples per client (rows) and class (columns), counts written in small ones."""
+    ok = isinstance(counts, list) and 0 < len(counts) <= MAX_DRAWN_CLIENTS
+    rows = [numbers(r) for r in counts] if ok else None
+    if not rows or any(r is None or len(r) != len(labels) for r in rows):
+        return None
+    fig = Figure(figsize=(max(4.0, 0.5 * len(labels) + 2), max(2.5, 0.35 * len(rows) + 1.5)))
+    ax = fig.add_subplot()
+    image = ax.imshow(rows, aspect="auto", cmap="Blues")
+    fig.colorbar(image, ax=ax, label="examples")
+    ax.set_xticks(range(len(labels)), labels, rotation=45 if len(labels[0]) > 2 else 0, ha="right")
+    ax.set_yticks(range(len(rows)), [str(k) for k in range(len(rows))])
+    ax.set_xlabel("class")
+    ax.set_ylabel("client")
+    if len(rows) * len(labels) <= 400:
+        peak = max(max(r) for r in rows) or 1.0  # type: ignore[type-var]
+        for k, row in enumerate(rows):
+            for c, n in enumerate(row):  # type: ignore[arg-type]
+                color = "white" if n > 0.6 * peak else "black"
+                ax.text(c, k, f"{n:g}", ha="center", va="center", fontsize=7, color=color)
+    return fig
+
+
+def client_figure(rows: Any, lines: dict[str, Any]) -> Figure | None:
+    """Each classifier client's test accuracy (results.json's rows), with ``lines`` (name -> accuracy)."""
+    scored = []
+    for row in rows if isinstance(rows, list) else []:
+        client, accuracy = number(lookup(row, "client")), number(lookup(row, "test_accuracy"))
+        if client is not None and accuracy is not None:
+            scored.append((int(client), accuracy))
+    if not scored or len(scored) > MAX_DRAWN_CLIENTS:
+        return None
+    fig = Figure(figsize=(max(4.0, 0.45 * len(scored) + 2), 3.2))
+    ax = fig.add_subplot()
+    ax.bar([str(k) for k, _ in scored], [a for _, a in scored], color="#8aa9c9", label="client's own model")
+    for (name, value), style in zip(lines.items(), ("-", ":", "--"), strict=False):
+        if number(value) is not None:
+            ax.axhline(value, color="#c0392b", linestyle=style, label=name)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("client")
+    ax.set_ylabel("test accuracy")
+    ax.legend(loc="lower right", fontsize=8)
+    return fig
+
+
+def per_class_figure(per_class: Any, overall: Any, labels: list[str]) -> Figure | None:
+    """The global model's accuracy per class, with its overall accuracy as a line."""
+    accuracy = numbers(per_class)
+    if accuracy is None or len(accuracy) != len(labels):
+        return None
+    fig = Figure(figsize=(max(4.0, 0.45 * len(labels) + 2), 3.0))
+    ax = fig.add_subplot()
+    ax.bar(labels, accuracy, color="#6c9a6c")
+    overall = number(overall)
+    if overall is not None:
+        ax.axhline(overall, color="#c0392b", label=f"overall {overall:.3f}")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.tick_params(axis="x", rotation=45 if len(labels[0]) > 2 else 0)
+    ax.set_xlabel("class")
+    ax.set_ylabel("global model's test accuracy")
+    return fig
+
+
+def curve_figure(curves: dict[str, list[float]], xlabel: str) -> Figure:
+    fig = Figure(figsize=(6.0, 3.0))
+    ax = fig.add_subplot()
+    for name, values in curves.items():
+        ax.plot(range(1, len(values) + 1), values, label=name, linewidth=1.2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("loss")
+    if len(curves) > 1:
+        ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def grid_figure(png: bytes, labels: list[str]) -> Figure | None:
+    """The grid with its rows labelled by class, or None when it does not decode or does not have one row
+    per class (the layout of server_kit.grid: rows of equal height split by GRID_PADDING pixels)."""
+    if not png.startswith(b"\x89PNG\r\n\x1a\n") or len(png) < 24:
+        return None
+    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk comes first
+    if width * height > MAX_GRID_PIXELS:
+        return None
+    try:
+        image = matplotlib.image.imread(io.BytesIO(png), format="png")
+    except (OSError, ValueError, SyntaxError):
+        return None
+    height, width = image.shape[:2]
+    if (height - GRID_PADDING) % len(labels) != 0:
+        return None
+    pitch = (height - GRID_PADDING) / len(labels)  # one class row plus its padding
+    scale = max(1.0, 360 / height)
+    fig = Figure(figsize=(width * scale / DPI + 1.2, height * scale / DPI + 0.3))
+    ax = fig.add_subplot()
+    ax.imshow(image, interpolation="nearest")
+    ax.set_yticks([GRID_PADDING / 2 + (c + 0.5) * pitch for c in range(len(labels))], labels, fontsize=8)
+    ax.set_xticks([])
+    return fig
+
+
+def phase_figure(seconds: Any, order: Any) -> Figure | None:
+    """Seconds per phase in the order they ran (results.json's ``seconds`` and ``phase_order``)."""
+    if not isinstance(seconds, dict):
+        return None
+    names = [n for n in order if isinstance(n, str) and n in seconds] if isinstance(order, list) else seconds
+    bars = [(n, number(seconds[n])) for n in names if n not in PHASE_TOTALS]
+    bars = [(n, s) for n, s in bars if s is not None]
+    if not bars or len(bars) > MAX_DRAWN_CLIENTS:
+        return None
+    fig = Figure(figsize=(6.0, 0.3 * len(bars) + 1.2))
+    ax = fig.add_subplot()
+    ax.barh([n for n, _ in bars][::-1], [s for _, s in bars][::-1], color="#b08fc7")
+    ax.set_xlabel("seconds")
+    total = number(seconds.get("total"))
+    if total is not None:
+        ax.set_title(f"wall time {total:.1f} s", fontsize=9)
+    return fig
+
+
+def personal_figure(reports: list[tuple[int, str, dict[str, Any]]]) -> Figure | None:
+    """Local validation accuracy before (own model, global model) and after, per (client, method) report."""
+    rows = []
+    for client, method, report in reports:
+        own = number(lookup(report, "val_accuracy_before", "own_model"))
+        glob = number(lookup(report, "val_accuracy_before", "global_model"))
+        after = number(lookup(report, "val_accuracy", str(report.get("kept"))))
+        if own is not None and glob is not None and after is not None:
+            rows.append((f"client {client} {method}", own, glob, after))
+    if not rows or len(rows) > MAX_DRAWN_CLIENTS:
+        return None
+    fig = Figure(figsize=(max(4.0, 0.8 * len(rows) + 2), 3.2))
+    ax = fig.add_subplot()
+    width = 0.27
+    for i, (name, color) in enumerate(
+        (("own model", "#8aa9c9"), ("global", "#c9a78a"), ("personal", "#6c9a6c"))
+    ):
+        ax.bar([x + (i - 1) * width for x in range(len(rows))], [r[i + 1] for r in rows], width, label=name,
+               color=color)  # fmt: skip
+    ax.set_xticks(range(len(rows)), [r[0] for r in rows], rotation=30, ha="right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("local validation accuracy")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig

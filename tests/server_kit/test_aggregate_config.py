@@ -1,0 +1,76 @@
+"""AggregateConfig.from_dict (the inverse of to_dict) and `server-kit aggregate --config FILE` (a TOML file
+or a server report.json, to replay it) with flags over the file, `--print-config`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+
+import pytest
+
+from common.device import resolve_device
+from edge_sdk.precision import resolve_precision
+from server_kit.adversarial import AdversarialConfig
+from server_kit.aggregate import AggregateConfig
+from server_kit.cli import main
+from server_kit.fusion import FusionConfig
+from server_kit.labels import LabelConfig
+from tests.server_kit.test_aggregate import bundles  # noqa: F401
+from tests.server_kit.test_server_cli import TINY
+
+CONFIGS = {
+    "fast": AggregateConfig(),
+    "paper": AggregateConfig.preset("paper", precision="fp32"),
+    "fusion": AggregateConfig(synth=("decoder",), fusion=FusionConfig.preset("mnist", mode="sd")),
+    "adversarial": AggregateConfig(
+        adversarial=AdversarialConfig(rounds=2),
+        labels=LabelConfig(rule="mean"),
+        threads=2,
+        verify_claims=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_from_dict_inverts_to_dict_with_the_precision_that_ran(name):
+    config = CONFIGS[name]
+    ran = replace(config, precision=resolve_precision(config.precision, resolve_device(config.device)))
+    assert AggregateConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == ran
+
+
+def test_a_toml_file_and_flags_over_it(tmp_path, capsys):
+    toml = tmp_path / "server.toml"
+    toml.write_text(
+        'student = "C4k3-P-F16-F10"\nseed = 4\nsynth = ["inversion", "decoder"]\n[distill]\nepochs = 3\n'
+        '[fusion]\nmode = "ce"\n',
+        encoding="utf-8",
+    )
+    argv = ["aggregate", "a.bundle", "--out", str(tmp_path / "o"), "--config", str(toml), "--print-config"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["seed"] == 4 and printed["distill"]["epochs"] == 3
+    assert printed["fusion"]["mode"] == "ce" and printed["distill"]["tau"] == 4.0
+    # flags override the file; --fusion-epochs keeps the file's fusion mode
+    assert main([*argv, "--seed", "0", "--distill-epochs", "7", "--fusion-epochs", "2"]) == 0
+    over = json.loads(capsys.readouterr().out)
+    assert over["seed"] == 0 and over["distill"]["epochs"] == 7 and over["fusion"]["epochs"] == 2
+    assert over["fusion"]["mode"] == "ce" and over["student"] == "C4k3-P-F16-F10"
+    toml.write_text('studnet = "C4k3-P-F16-F10"\n', encoding="utf-8")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "unknown keys ['studnet'] in config; valid keys are ['adversarial'," in err
+    )
+
+
+def test_an_aggregation_replays_from_its_report(tmp_path, bundles):  # noqa: F811
+    assert main(["aggregate", *bundles, "--out", str(tmp_path / "run"), *TINY]) == 0
+    report = str(tmp_path / "run" / "report.json")
+    assert main(["aggregate", *bundles, "--out", str(tmp_path / "again"), "--config", report, "--quiet"]) == 0
+    first, again = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("run", "again"))
+    assert again["config"] == first["config"] and first["config"]["seed"] == 3  # TINY's, not the default
+    digests = [
+        hashlib.sha256((tmp_path / d / "global.onnx").read_bytes()).hexdigest() for d in ("run", "again")
+    ]
+    assert digests[0] == digests[1]
