@@ -4,9 +4,9 @@ Every epoch-based trainer of the toolkit holds its whole training set on the dev
 batches of a permutation drawn from its own ``torch.Generator``: no DataLoader, no worker processes. The
 permutation is drawn on the CPU, so the batch order is the same on every device. :func:`fit` runs the
 device's classifier and CVAE, the server's distillation and fusion: they differ only in the loss of a
-batch, so that is what they pass in. Trainers that report something else than the mean loss (the
-personalizations' per-term curves) iterate :func:`minibatches` themselves; step-based trainers (inversion,
-generator, supernet) use :func:`step`.
+batch, so that is what they pass in; :func:`fit_terms` (the loop itself) runs the personalizations, whose
+loss is a sum of named terms each with its own curve. Step-based trainers (inversion, generator,
+supernet), which draw a fresh batch every step rather than walk epochs, use :func:`step`.
 
 The loop does not seed torch's global RNG (Dropout, weight init): a caller that needs it wraps the call in
 :func:`common.seeding.seeded`, whose scope it knows.
@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from common.errors import ConfigError
 
-__all__ = ["LONE_LAST", "fit", "minibatches", "step"]
+__all__ = ["LONE_LAST", "fit", "fit_terms", "minibatches", "step"]
 
 # what becomes of a trailing batch of one sample, which BatchNorm cannot normalise on 1x1 maps: kept,
 # merged into the batch before it, or dropped (every batch of one is dropped, so batch size 1 trains nothing)
@@ -63,6 +63,50 @@ def step(optimizer: torch.optim.Optimizer, loss: Tensor) -> None:
     optimizer.step()
 
 
+def fit_terms(
+    terms_fn: Callable[[Tensor], dict[str, Tensor]],
+    optimizer: torch.optim.Optimizer,
+    *,
+    n: int,
+    batch_size: int,
+    epochs: int,
+    generator: torch.Generator,
+    device: torch.device,
+    lone_last: str = "keep",
+    desc: str = "train",
+    progress: bool = False,
+) -> list[dict[str, float]]:
+    """The loop. Train for ``epochs`` of :func:`minibatches`; returns, per epoch, the mean of each named
+    term over the samples of the epoch.
+
+    ``terms_fn(idx)`` gives the named scalar terms of the batch of samples ``idx`` (on ``device``); the
+    optimizer steps on their sum (in the dict's order); the model and its data are the caller's. Each epoch
+    draws one permutation from ``generator``, before anything ``terms_fn`` draws from it. The terms are
+    summed on the device, weighted by batch size (no host sync per step), and read once at the epoch's end.
+    """
+    history: list[dict[str, float]] = []
+    bar = tqdm(range(epochs), desc=desc, unit="epoch", disable=not progress, leave=False)
+    for _ in bar:
+        totals: dict[str, Tensor] = {}
+        seen = 0
+        batches = minibatches(n, batch_size, generator=generator, device=device, lone_last=lone_last)
+        for idx in batches:
+            terms = terms_fn(idx)
+            step(optimizer, sum(terms.values()))  # type: ignore[arg-type]
+            for name, value in terms.items():
+                weighted = value.detach() * len(idx)
+                totals[name] = totals[name] + weighted if name in totals else weighted
+            seen += len(idx)
+        if seen == 0:
+            raise ConfigError(
+                f"an epoch of {n} samples in batches of {batch_size} (lone_last={lone_last!r}) has no batch "
+                "to train on; fix: a batch size of at least 2, or more samples"
+            )
+        history.append({name: float(total) / seen for name, total in totals.items()})
+        bar.set_postfix({name: f"{value:.4g}" for name, value in history[-1].items()})
+    return history
+
+
 def fit(
     loss_fn: Callable[[Tensor], Tensor],
     optimizer: torch.optim.Optimizer,
@@ -76,23 +120,17 @@ def fit(
     desc: str = "train",
     progress: bool = False,
 ) -> list[float]:
-    """Train for ``epochs`` of :func:`minibatches`; returns the mean loss of each epoch over its samples.
-
-    ``loss_fn(idx)`` gives the scalar loss of the batch of samples ``idx`` (on ``device``); the model and
-    its data are the caller's. Each epoch draws one permutation from ``generator``. The epoch's loss is
-    summed on the device, weighted by batch size (no host sync per step), and read once at its end.
-    """
-    losses: list[float] = []
-    bar = tqdm(range(epochs), desc=desc, unit="epoch", disable=not progress, leave=False)
-    for _ in bar:
-        total = torch.zeros((), device=device)
-        seen = 0
-        batches = minibatches(n, batch_size, generator=generator, device=device, lone_last=lone_last)
-        for idx in batches:
-            loss = loss_fn(idx)
-            step(optimizer, loss)
-            total += loss.detach() * len(idx)
-            seen += len(idx)
-        losses.append(float(total) / seen)
-        bar.set_postfix(loss=f"{losses[-1]:.4g}")
-    return losses
+    """:func:`fit_terms` with one term, ``loss_fn(idx)``: the mean loss of each epoch over its samples."""
+    history = fit_terms(
+        lambda idx: {"loss": loss_fn(idx)},
+        optimizer,
+        n=n,
+        batch_size=batch_size,
+        epochs=epochs,
+        generator=generator,
+        device=device,
+        lone_last=lone_last,
+        desc=desc,
+        progress=progress,
+    )
+    return [epoch["loss"] for epoch in history]

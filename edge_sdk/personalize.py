@@ -42,12 +42,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from common.checks import check_int, check_number
 from common.device import resolve_device
 from common.errors import BundleError, ConfigError, DataError
-from common.loop import minibatches, step
+from common.loop import fit_terms, step
 from common.seeding import seeded
 from common.torch_utils import frozen
 from edge_sdk.arch import build_model
@@ -308,64 +307,65 @@ def _fit(
     knowledge = torch.from_numpy(package.knowledge).to(device)
     alpha = torch.ones(len(inputs), device=device)
     t = config.kd_temperature
-    history: list[dict[str, float]] = []
-    steps = config.epochs * math.ceil(len(x_real) / config.batch_size)
-    bar = tqdm(total=steps, desc=f"personalize ({config.method})", unit="step", disable=not progress)
-    with seeded(seed, device):
-        for _ in range(config.epochs):
-            sums: dict[str, float] = {}
-            count = 0
-            # the permutation is drawn before the batch draws below, as before; BatchNorm needs >= 2 samples
-            for idx in minibatches(len(x_real), config.batch_size, generator=gen, lone_last="drop"):
-                x, y = to_float(x_real[idx]), y_real[idx]
-                logits = model(x)
-                parts: dict[str, Tensor] = {}
-                if config.method != "kdg" or "pre" in terms:
-                    parts["ce"] = F.cross_entropy(logits, y)
-                if config.method == "pkt":
-                    d_idx = torch.randint(len(inputs), (config.distill_batch_size,), generator=gen).to(device)
-                    out = model(to_float(inputs[d_idx]))
-                    with torch.no_grad():  # alternate: alpha with the weights fixed, then the weights
-                        per = (out.detach() - knowledge[d_idx]).abs().mean(dim=1)
-                        alpha[d_idx] = update_alpha(alpha[d_idx], per, lr=config.alpha_lr, tau=config.tau)
-                    parts["pkt"] = config.lam * pkt_loss(out, knowledge[d_idx], alpha[d_idx])[0]
-                if "dis" in terms:
-                    with torch.no_grad():
-                        g_real = global_model(x)
-                    parts["dis"] = config.kdg_dis_weight * kd_loss_logits(logits, g_real, t)
-                if terms & {"lat", "tea"}:
-                    assert g_global is not None
-                    p_i = g_global(y.cpu(), gen).to(device)  # same labels as the real batch
-                    with torch.no_grad():
-                        g_pi = global_model(p_i)
-                    if "lat" in terms:
-                        parts["lat"] = kd_loss_logits(logits, g_pi, t)
-                    if "tea" in terms:
-                        parts["tea"] = F.cross_entropy(model(p_i), y)
-                if "disg" in terms:
-                    assert g_global is not None and g_local is not None
-                    y_u = torch.randint(package.num_classes, (len(idx),), generator=gen)
-                    p_g = g_global(y_u, gen).to(device).flatten(1)  # B x D
-                    with torch.no_grad():
-                        p_l = g_local(
-                            torch.randn(len(idx), 16, generator=gen),
-                            F.one_hot(y_u, package.num_classes).float(),
-                        )
-                    scores = (p_l.to(device).flatten(1) @ extra[0]) @ (p_g @ extra[1]).T  # B x B
-                    attn = F.softmax(scores / math.sqrt(config.attention_dim), dim=1)
-                    p_a = (attn @ p_g + p_g).clamp(0, 1).reshape(-1, *package.input_shape)
-                    with torch.no_grad():
-                        g_pa = global_model(p_a)
-                    parts["disg"] = config.kdg_disg_weight * kd_loss_logits(model(p_a), g_pa, t)
-                step(optimizer, sum(parts.values()))  # type: ignore[arg-type]
-                for k, v in parts.items():
-                    sums[k] = sums.get(k, 0.0) + float(v.detach())
-                count += 1
-                bar.update(1)
-            history.append({k: v / max(count, 1) for k, v in sorted(sums.items())})
-    bar.close()
+
+    def batch_terms(idx: Tensor) -> dict[str, Tensor]:
+        x, y = to_float(x_real[idx]), y_real[idx]
+        logits = model(x)
+        parts: dict[str, Tensor] = {}
+        if config.method != "kdg" or "pre" in terms:
+            parts["ce"] = F.cross_entropy(logits, y)
+        if config.method == "pkt":
+            d_idx = torch.randint(len(inputs), (config.distill_batch_size,), generator=gen).to(device)
+            out = model(to_float(inputs[d_idx]))
+            with torch.no_grad():  # alternate: alpha with the weights fixed, then the weights
+                per = (out.detach() - knowledge[d_idx]).abs().mean(dim=1)
+                alpha[d_idx] = update_alpha(alpha[d_idx], per, lr=config.alpha_lr, tau=config.tau)
+            parts["pkt"] = config.lam * pkt_loss(out, knowledge[d_idx], alpha[d_idx])[0]
+        if "dis" in terms:
+            with torch.no_grad():
+                g_real = global_model(x)
+            parts["dis"] = config.kdg_dis_weight * kd_loss_logits(logits, g_real, t)
+        if terms & {"lat", "tea"}:
+            assert g_global is not None
+            p_i = g_global(y.cpu(), gen).to(device)  # same labels as the real batch
+            with torch.no_grad():
+                g_pi = global_model(p_i)
+            if "lat" in terms:
+                parts["lat"] = kd_loss_logits(logits, g_pi, t)
+            if "tea" in terms:
+                parts["tea"] = F.cross_entropy(model(p_i), y)
+        if "disg" in terms:
+            assert g_global is not None and g_local is not None
+            y_u = torch.randint(package.num_classes, (len(idx),), generator=gen)
+            p_g = g_global(y_u, gen).to(device).flatten(1)  # B x D
+            with torch.no_grad():
+                p_l = g_local(
+                    torch.randn(len(idx), 16, generator=gen),
+                    F.one_hot(y_u, package.num_classes).float(),
+                )
+            scores = (p_l.to(device).flatten(1) @ extra[0]) @ (p_g @ extra[1]).T  # B x B
+            attn = F.softmax(scores / math.sqrt(config.attention_dim), dim=1)
+            p_a = (attn @ p_g + p_g).clamp(0, 1).reshape(-1, *package.input_shape)
+            with torch.no_grad():
+                g_pa = global_model(p_a)
+            parts["disg"] = config.kdg_disg_weight * kd_loss_logits(model(p_a), g_pa, t)
+        return parts
+
+    with seeded(seed, device):  # the permutation of each epoch is drawn before the batch's own draws
+        history = fit_terms(
+            batch_terms,
+            optimizer,
+            n=len(x_real),
+            batch_size=config.batch_size,
+            epochs=config.epochs,
+            generator=gen,
+            device=device,
+            lone_last="drop",  # BatchNorm needs >= 2 samples
+            desc=f"personalize ({config.method})",
+            progress=progress,
+        )
     model.eval()
-    stats["loss"] = history
+    stats["loss"] = [dict(sorted(epoch.items())) for epoch in history]
     if config.method == "pkt":
         stats["alpha"] = {
             "mean": float(alpha.mean()),

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
-from common.loop import minibatches, step
+from common.loop import fit_terms
 from edge_sdk.arch import build_model
 from export.atomic import atomic_write_json
 from export.bundle import client_names
@@ -100,7 +100,7 @@ def train_server_models(
     """Train server model n on (x, knowledge[n]) with L1 + mu * ||w_n^f - w_mean^f||^2 (Eq. 5).
 
     The mean extractor is a constant within an epoch and recomputed after it. Returns each model's mean
-    L1 per epoch. All models must share one architecture.
+    L1 per epoch over the samples it trained on. All models must share one architecture.
     """
     if len(models) != len(knowledge) or not models:
         raise ConfigError(
@@ -121,14 +121,21 @@ def train_server_models(
             model.train()
             own = dict(model.named_parameters())
             z = knowledge[n].to(device)
-            total = torch.zeros((), device=device)
-            # the curve is the L1 term alone, over len(x) even when a lone last sample is dropped
-            for idx in minibatches(len(x), config.batch_size, generator=gen, device=device, lone_last="drop"):
-                fit = F.l1_loss(model(x[idx]), z[idx])
-                prox = sum(((own[k] - mean[k]) ** 2).sum() for k in names)
-                step(opt, fit + config.mu * prox)
-                total += fit.detach() * idx.numel()
-            curves[n].append(float(total) / len(x))
+
+            def terms(
+                idx: Tensor, model: nn.Module = model, own: dict = own, z: Tensor = z, mean: dict = mean
+            ) -> dict[str, Tensor]:
+                out = {"l1": F.l1_loss(model(x[idx]), z[idx])}
+                if names:  # the proximal term to the mean extractor (none for a head-only model)
+                    out["prox"] = config.mu * sum(((own[k] - mean[k]) ** 2).sum() for k in names)
+                return out
+
+            # one epoch of this model, then the next model's: the mean extractor moves once per epoch
+            epoch = fit_terms(
+                terms, opt, n=len(x), batch_size=config.batch_size, epochs=1, generator=gen, device=device,
+                lone_last="drop",
+            )  # fmt: skip
+            curves[n].append(epoch[0]["l1"])
             bar.update(1)
     bar.close()
     for model in models:
