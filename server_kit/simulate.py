@@ -29,13 +29,9 @@ import dataclasses
 import hashlib
 import json
 import logging
-import multiprocessing
-import multiprocessing.forkserver
-import os
-import shutil
 import time
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,10 +39,9 @@ from typing import Any
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from common.checks import differences, from_preset
+from common.checks import from_preset
 from common.configs import config_from_dict
-from common.errors import BundleError, ConfigError
-from edge_sdk.artifacts import decoder_bundle_path
+from common.errors import ConfigError
 from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import client_name, load_client_data, partition, partition_settings
@@ -66,6 +61,15 @@ from server_kit.aggregate import AggregateConfig, aggregate
 from server_kit.evaluate import evaluate_onnx
 from server_kit.fusion import FusionConfig
 from server_kit.report import write_report
+from server_kit.resume import (
+    Verdict,
+    client_verdict,
+    partition_verdict,
+    prepare_server,
+    refuse,
+    uploads_of,
+)
+from server_kit.workers import worker_pool
 
 __all__ = ["RESUME_MODES", "SimulateConfig", "SimulateResult", "assign_profiles", "simulate"]
 
@@ -225,73 +229,6 @@ def assign_profiles(num_clients: int, profiles: tuple[str, ...], profile_map: Pa
     return names
 
 
-WORKER_PRIMITIVE_CACHE = 128  # oneDNN primitives a client worker keeps (see _worker_pool)
-# What a client worker imports, loaded once by the fork server so that the workers share those pages:
-# torch._dynamo is what torch.optim.Adam's constructor imports (~900 modules, ~75 MB per process)
-WORKER_PRELOAD = [
-    "torch._dynamo",
-    "torch.optim",
-    "onnx",
-    "onnxruntime",
-    "edge_sdk.client",
-    "edge_sdk.data",
-    "export.onnx_export",
-    "profiles",
-]
-
-
-def _worker_context() -> multiprocessing.context.BaseContext:
-    """Client workers forked from a fork server that has imported the device pipeline (where the
-    platform has one; else spawned). A spawned worker imports torch on its own: ~280 MB of private
-    memory each with torch's CUDA build, while forked workers share the server's copy (copy-on-write;
-    measured on two MNIST clients: 1,529 -> 1,380 MB peak PSS with torch._dynamo and onnx preloaded too).
-    The fork server never runs a torch op, so no thread pool is forked half-initialised."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(WORKER_PRELOAD)
-    return ctx
-
-
-@contextlib.contextmanager
-def _worker_pool(jobs: int) -> Iterator[cf.ProcessPoolExecutor]:
-    """``jobs`` worker processes of one task each (a fresh fork per client: the heap one client's
-    training leaves behind never reaches the next), each with an equal share of the free cores and a
-    small oneDNN primitive cache (one client trains one model at a time: 128 primitives hold it; the
-    default 1,024 kept ~60 MB more per worker, measured on a 400 MFLOP device's search at equal speed).
-    The fork server is stopped on the way out."""
-    threads = max(1, usable_threads() // jobs)
-    try:
-        with cf.ProcessPoolExecutor(
-            jobs,
-            mp_context=_worker_context(),
-            initializer=_init_worker,
-            initargs=(threads,),
-            max_tasks_per_child=1,
-        ) as pool:
-            yield pool
-    finally:
-        _stop_fork_server()
-
-
-def _stop_fork_server() -> None:
-    """End the fork server once the clients are done: it would otherwise hold its ~300 MB through the
-    server phase. ``ForkServer._stop`` is private (CPython's tests use it); without it the server lingers
-    until this process exits, which costs memory, nothing else. A later pool starts a fresh one."""
-    stop = getattr(getattr(multiprocessing.forkserver, "_forkserver", None), "_stop", None)
-    if callable(stop):
-        stop()
-
-
-def _init_worker(threads: int) -> None:
-    import torch
-
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    # read by oneDNN when it first runs (no torch op has run in a fresh worker)
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(WORKER_PRIMITIVE_CACHE))
-    torch.set_num_threads(threads)
-
-
 def _client_config(config: SimulateConfig, k: int, role: str, init: Path | None) -> ClientConfig:
     """Client ``k``'s settings: the simulation's search and CVAE, seed ``seed + k``, its resolved
     ``role`` and, when it trains a classifier, the shared initial weights ``init`` (if any)."""
@@ -362,70 +299,10 @@ def _client_line(bundle_path: Path, how: str) -> str:
     return f"{bundle_path.name.removesuffix('.bundle')} ({where}): {how}, {seconds:.1f} s, {score}"
 
 
-@dataclass(frozen=True)
-class _Verdict:
-    """Whether earlier files can be reused; if not, why (``differs``: the recorded settings that differ,
-    which ``resume="strict"`` refuses; a missing or unreadable file is simply redone)."""
-
-    reuse: bool
-    reason: str = ""
-    differs: tuple[str, ...] = ()
-
-
-def _client_verdict(bundle_path: Path, wanted: dict[str, Any]) -> _Verdict:
-    """A client is reused when its report (written last, atomically) records the resume key ``wanted``
-    (:func:`edge_sdk.client.resume_key`, as JSON) and every bundle it names reads back cleanly."""
-
-    report_path = bundle_path.with_name(bundle_path.name + ".report.json")
-    if not report_path.is_file():
-        return _Verdict(False, "no finished bundle")
-    try:
-        report = json.loads(report_path.read_text(encoding="utf-8"))
-        recorded = {key: report.get(key) for key in wanted}
-    except (OSError, ValueError, AttributeError) as err:
-        return _Verdict(False, f"unreadable report ({_first_line(err)})")
-    differs = differences(recorded, wanted)
-    if differs:
-        return _Verdict(False, f"made with other settings (differs in: {_named(differs)})", tuple(differs))
-    paths = [bundle_path] + ([decoder_bundle_path(bundle_path)] if report.get("role") == "both" else [])
-    try:
-        for path in paths:
-            read_bundle(path)
-    except (BundleError, OSError, ValueError) as err:
-        return _Verdict(False, f"unreadable bundle ({_first_line(err)})")
-    return _Verdict(True)
-
-
 def _resume_key(client_config: ClientConfig, data_path: Path, profile_name: str) -> dict[str, Any]:
     """The resume key the client of ``data_path`` would record now, as its report stores it (JSON)."""
     data, profile = load_client_data(data_path), load_profile(profile_name)
     return json.loads(to_json(resume_key(client_config, data, profile)))
-
-
-def _named(differs: Sequence[str], shown: int = 6) -> str:
-    """The differing keys for a one-line message: all of them up to ``shown``, then how many more."""
-    if len(differs) <= shown:
-        return str(list(differs))
-    return f"{list(differs[: shown - 1])} and {len(differs) - shown + 1} more"
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def _refuse(what: Path, verdict: _Verdict) -> None:
-    raise ConfigError(
-        f"{what} was made with other settings (differs in: {_named(verdict.differs)}), --resume strict "
-        "reuses only matching files; fix: simulate into another --out, or --resume auto to redo it"
-    )
-
-
-def _uploads(bundle_path: Path) -> list[Path]:
-    """The bundles one finished client uploads: its classifier or decoder, and the decoder of ``both``."""
-    decoder = decoder_bundle_path(bundle_path)
-    report = json.loads(bundle_path.with_name(bundle_path.name + ".report.json").read_text(encoding="utf-8"))
-    return [bundle_path, decoder] if report.get("role") == "both" else [bundle_path]
 
 
 def _client_sizes(data_dir: Path, num_clients: int) -> list[int]:
@@ -439,26 +316,10 @@ def _client_sizes(data_dir: Path, num_clients: int) -> list[int]:
     return [0] * num_clients
 
 
-def _partition_verdict(config: SimulateConfig, data_dir: Path) -> _Verdict:
-    """``data_dir`` is reused when ``partition.json`` records this run's partition settings and every
-    file it names is there; ``resume="off"`` partitions again."""
-
-    manifest = data_dir / "partition.json"
-    if config.resume == "off":
-        return _Verdict(False, "--resume off")
-    if not manifest.is_file():
-        return _Verdict(False, "no earlier partition")
-    try:
-        recorded = json.loads(manifest.read_text(encoding="utf-8"))
-        wanted = _partition_settings(config)
-        differs = differences({key: recorded.get(key) for key in wanted}, wanted)
-    except (OSError, ValueError, AttributeError) as err:
-        return _Verdict(False, f"unreadable manifest ({_first_line(err)})")
-    if differs:
-        return _Verdict(False, f"made with other settings (differs in: {_named(differs)})", tuple(differs))
+def _partition_verdict(config: SimulateConfig, data_dir: Path) -> Verdict:
+    """Whether ``data_dir`` holds this config's partition (:func:`server_kit.resume.partition_verdict`)."""
     names = [f"{name}.npz" for name in _client_names(config.num_clients)] + ["test.npz"]
-    missing = [name for name in names if not (data_dir / name).is_file()]
-    return _Verdict(False, f"missing {missing}") if missing else _Verdict(True)
+    return partition_verdict(data_dir, _partition_settings(config), names, config.resume)
 
 
 def _partition_settings(config: SimulateConfig) -> dict[str, Any]:
@@ -504,46 +365,6 @@ def _server_key(config: SimulateConfig, uploads: list[Path]) -> dict[str, Any]:
         "version": CODE_VERSION,
     }
     return json.loads(to_json(key))
-
-
-def _server_verdict(record: Path, key: dict[str, Any], resume: str) -> _Verdict:
-    """Whether the inversion chunks beside ``record`` were made from ``key``. Other uploads are not a
-    setting ``strict`` refuses: the clients passed their own check, so they are clients this run redid."""
-    if resume == "off":
-        return _Verdict(False, "--resume off")
-    try:
-        recorded = json.loads(record.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        return _Verdict(False, f"no readable record of its inputs ({_first_line(err)})")
-    differs = differences(recorded, key)
-    if not differs:
-        return _Verdict(True)
-    settings = tuple(d for d in differs if d.split(".")[0] != "uploads")
-    return _Verdict(False, f"made from other inputs (differs in: {_named(differs)})", settings)
-
-
-def _prepare_server(server_dir: Path, key: dict[str, Any], resume: str) -> None:
-    """Keep ``server_dir/synthetic/`` only when ``server_dir/inputs.json`` records ``key``; otherwise redo
-    it, or with ``strict`` refuse it when its settings differ (chunks without a record, from older code,
-    ``strict`` leaves to the inversion's own check). The record is written before the server runs, so the
-    chunks a killed server leaves behind are those of the inputs it names."""
-
-    work, record = server_dir / "synthetic", server_dir / "inputs.json"
-    if work.exists() and resume == "strict" and not record.exists():
-        log.info(
-            "server: kept the inversion chunks in %s (no record of their inputs): the inversion checks", work
-        )
-    elif work.exists():
-        verdict = _server_verdict(record, key, resume)
-        if verdict.reuse:
-            log.info("server: reused the inversion chunks in %s (same inputs)", work)
-        elif resume == "strict" and verdict.differs:
-            _refuse(work, verdict)
-        else:
-            log.info("server: redone the inversion chunks in %s: %s", work, verdict.reason)
-            shutil.rmtree(work)
-    server_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(record, key)
 
 
 @dataclass(frozen=True)
@@ -601,14 +422,14 @@ def simulate(config: SimulateConfig) -> SimulateResult:
 
     with contextlib.ExitStack() as stack:
         # jobs > 1: the partition and every client run in worker processes forked from a fork server
-        # (see _worker_pool), so this process never holds the dataset or a client's training garbage
-        pool = stack.enter_context(_worker_pool(config.jobs)) if config.jobs > 1 else None
+        # (see server_kit.workers), so this process never holds the dataset or a client's training garbage
+        pool = stack.enter_context(worker_pool(config.jobs)) if config.jobs > 1 else None
         t0 = time.perf_counter()
         verdict = _partition_verdict(config, out / "data")
         if verdict.reuse:
             log.info("partition reused: %s has the same settings", out / "data")
         elif config.resume == "strict" and verdict.differs:
-            _refuse(out / "data" / "partition.json", verdict)
+            refuse(out / "data" / "partition.json", verdict)
         else:
             log.info("partition runs: %s", verdict.reason)
             if pool is None:
@@ -629,15 +450,15 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         init = _shared_init(config, roles, out / "data" / "test.npz")
         client_configs = [_client_config(config, k, roles[k], init) for k in range(config.num_clients)]
         verdicts = [
-            _Verdict(False, "--resume off")
+            Verdict(False, "--resume off")
             if config.resume == "off"
-            else _client_verdict(bundles[k], _resume_key(client_configs[k], data_paths[k], names[k]))
+            else client_verdict(bundles[k], _resume_key(client_configs[k], data_paths[k], names[k]))
             for k in range(config.num_clients)
         ]
         if config.resume == "strict":
             for k, verdict in enumerate(verdicts):
                 if verdict.differs:
-                    _refuse(bundles[k], verdict)
+                    refuse(bundles[k], verdict)
         for k, verdict in enumerate(verdicts):  # why each client runs; a reused one says so as it is listed
             if not verdict.reuse:
                 log.info("%s runs: %s", names_on_disk[k], verdict.reason)
@@ -673,8 +494,8 @@ def simulate(config: SimulateConfig) -> SimulateResult:
 
     # --- server ------------------------------------------------------------------------------------------
     test = load_client_data(out / "data" / "test.npz")
-    uploads = [path for bundle in bundles for path in _uploads(bundle)]
-    _prepare_server(out / "server", _server_key(config, uploads), config.resume)
+    uploads = [path for bundle in bundles for path in uploads_of(bundle)]
+    prepare_server(out / "server", _server_key(config, uploads), config.resume)
     agg = aggregate(
         uploads, out / "server", config=config.aggregate, eval_data=test, progress=config.progress
     )

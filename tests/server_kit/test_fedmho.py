@@ -125,7 +125,8 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     assert json.loads((tmp_path / "server" / "report.json").read_text())["training"] == "FedMHO-sd"
     # other initial weights are another client setting: a resume would train the classifiers again
     from edge_sdk.shared_init import initial_weights
-    from server_kit.simulate import SimulateConfig, _client_config, _client_verdict, _resume_key
+    from server_kit.resume import client_verdict as _client_verdict
+    from server_kit.simulate import SimulateConfig, _client_config, _resume_key
 
     config = SimulateConfig.preset("fedmho", dataset="digits", out_dir=tmp_path, num_clients=4, alpha=1.0)
     bundle, data = tmp_path / "clients" / "client_00.bundle", tmp_path / "data" / "client_00.npz"

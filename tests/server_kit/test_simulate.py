@@ -12,15 +12,15 @@ from edge_sdk.client import CODE_VERSION
 from edge_sdk.data import client_name
 from export.bundle import read_bundle
 from server_kit.cli import main
+from server_kit.resume import client_verdict as _client_verdict
+from server_kit.resume import prepare_server as _prepare_server
+from server_kit.resume import uploads_of as _uploads
 from server_kit.simulate import (
     SimulateConfig,
     SimulateResult,
     _client_config,
     _client_line,
-    _client_verdict,
     _partition_verdict,
-    _prepare_server,
-    _uploads,
     assign_profiles,
 )
 
