@@ -59,8 +59,7 @@ def train_final(
             )
         model = init
     else:
-        with torch.random.fork_rng():  # seeded weight init without touching the caller's global RNG
-            torch.manual_seed(seed)
+        with seeded(seed):  # seeded weight init without touching the caller's global RNG
             model = build_model(spec, train_split.input_shape, num_classes + int(unknown_output))
     if optimizer is not None and init is None:
         raise ConfigError("an optimizer continues a model: pass that model as init")

@@ -48,6 +48,7 @@ from common.device import resolve_device
 from common.errors import BundleError, ConfigError, DataError
 from common.loop import fit_terms, step
 from common.seeding import seeded
+from common.timing import timed
 from common.torch_utils import frozen
 from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
@@ -426,35 +427,33 @@ def personalize(
     out = Path(out_dir)
     train_split, val_split = split_train_val(data, val_fraction=config.val_fraction, seed=seed)
     seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    global_model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
-    if config.method == "finetune":
-        model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
-        arch = package.global_arch
-    else:
-        model = _load_classifier(
-            bundle.model_onnx, bundle.arch, shape, classes, unknown_output=bundle.unknown_output
-        )  # type: ignore[arg-type]
-        arch = bundle.arch
-    before = {
-        "own_model": evaluate(
-            _load_classifier(
+    with timed(seconds, "train"):
+        global_model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
+        if config.method == "finetune":
+            model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
+            arch = package.global_arch
+        else:
+            model = _load_classifier(
                 bundle.model_onnx, bundle.arch, shape, classes, unknown_output=bundle.unknown_output
-            ),  # type: ignore[arg-type]
-            val_split,
-        )[1],
-        "global_model": evaluate(global_model, val_split)[1],
-    }
-    with seeded(seed):
-        stats = _fit(model, train_split, package, global_model, config, seed, progress)
-    seconds["train"] = time.perf_counter() - t0
+            )  # type: ignore[arg-type]
+            arch = bundle.arch
+        before = {
+            "own_model": evaluate(
+                _load_classifier(
+                    bundle.model_onnx, bundle.arch, shape, classes, unknown_output=bundle.unknown_output
+                ),  # type: ignore[arg-type]
+                val_split,
+            )[1],
+            "global_model": evaluate(global_model, val_split)[1],
+        }
+        with seeded(seed):
+            stats = _fit(model, train_split, package, global_model, config, seed, progress)
 
-    t0 = time.perf_counter()
-    meta = {"arch": arch, "producer": "edge-sdk personalize", "method": config.method}
-    fp32 = export_onnx(model.cpu(), shape, metadata=meta, keep_batchnorm=False, seed=seed)  # type: ignore[arg-type]
-    calib = to_float(train_split.x[: config.calibration_size]).numpy()
-    int8 = quantize_int8(fp32, calib)
-    seconds["export"] = time.perf_counter() - t0
+    with timed(seconds, "export"):
+        meta = {"arch": arch, "producer": "edge-sdk personalize", "method": config.method}
+        fp32 = export_onnx(model.cpu(), shape, metadata=meta, keep_batchnorm=False, seed=seed)  # type: ignore[arg-type]
+        calib = to_float(train_split.x[: config.calibration_size]).numpy()
+        int8 = quantize_int8(fp32, calib)
     acc = {"fp32": _onnx_accuracy(fp32, val_split), "int8": _onnx_accuracy(int8, val_split)}
     kept = "int8" if acc["int8"] >= acc["fp32"] - config.int8_tolerance else "fp32"
     latency = {

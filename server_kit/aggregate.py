@@ -1070,6 +1070,4 @@ def _generator_agreement(
 
 
 def _finite_or_none(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    return float(value) if is_number(value) else None

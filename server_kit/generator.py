@@ -40,7 +40,7 @@ from common.checks import check_int, from_preset, is_number
 from common.device import resolve_device
 from common.errors import BundleError, ConfigError
 from common.loop import step
-from common.seeding import derive_seed
+from common.seeding import derive_seed, seeded
 from common.torch_utils import frozen
 from edge_sdk.precision import autocast, resolve_precision
 from export.atomic import atomic_write_bytes, atomic_write_json
@@ -201,8 +201,7 @@ def build_generator(
     config: GeneratorConfig, *, num_classes: int, input_shape: tuple[int, int, int], seed: int
 ) -> ConditionalGenerator:
     """A freshly initialised generator; its weights are a function of ``seed`` only."""
-    with torch.random.fork_rng():  # nn init draws from the global RNG: scope and seed it
-        torch.manual_seed(seed)
+    with seeded(seed):  # nn init draws from the global RNG: scope and seed it
         return ConditionalGenerator(
             nz=config.nz, num_classes=num_classes, input_shape=input_shape, width=config.width
         )

@@ -15,8 +15,6 @@ the global generator when the aggregation trained one, and the knobs.
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,9 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from common.checks import check_number
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import fit_terms
+from common.timing import timed
 from edge_sdk.arch import build_model
 from export.atomic import atomic_write_json
 from export.bundle import client_names
@@ -63,13 +63,8 @@ class PKEConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
-        for name, positive in (("lr", True), ("mu", False)):
-            value = getattr(self, name)
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            if not ok or value < 0 or (positive and value == 0):
-                raise ConfigError(
-                    f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}"
-                )
+        check_number("lr", self.lr, positive=True)
+        check_number("mu", self.mu)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,73 +169,70 @@ def personalize_server(
         Path(p).resolve(): name for p, name in zip(bundle_paths, client_names(bundle_paths), strict=True)
     }
     seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    teachers, skipped = load_teachers(bundle_paths, device=config.device)
-    global_bytes = global_path.read_bytes()
-    meta = read_metadata(global_bytes)
-    arch = meta.get("arch")
-    if not arch:
-        raise DataError(f"{global_path} has no arch metadata; it was not written by server-kit aggregate")
-    input_shape = tuple(teachers[0].bundle.input_shape)
-    num_classes = teachers[0].bundle.num_classes
-    template = build_model(arch, input_shape, num_classes)  # type: ignore[arg-type]
-    global_state = initializer_state_dict(global_bytes, template)
-    synthetic = load_synthetic(synthetic_path)
-    if tuple(synthetic.x.shape[1:]) != input_shape:
-        raise DataError(
-            f"synthetic set is {tuple(synthetic.x.shape[1:])} but the teachers take {input_shape}"
-        )
-    keep = torch.randperm(len(synthetic), generator=torch.Generator().manual_seed(config.seed))
-    x = synthetic.x[keep[: config.max_inputs].sort().values]  # N x C x H x W, multiples of 1/255
-    generator_path = agg / "generator" / "generator.onnx"
-    generator_bytes = generator_path.read_bytes() if generator_path.is_file() else None
-    device = resolve_device(config.device)
-    knowledge = [_logits(t.module.to(device), x.to(device)).cpu() for t in teachers]  # Z_n: N x L each
-    seconds["load"] = time.perf_counter() - t0
+    with timed(seconds, "load"):
+        teachers, skipped = load_teachers(bundle_paths, device=config.device)
+        global_bytes = global_path.read_bytes()
+        meta = read_metadata(global_bytes)
+        arch = meta.get("arch")
+        if not arch:
+            raise DataError(f"{global_path} has no arch metadata; it was not written by server-kit aggregate")
+        input_shape = tuple(teachers[0].bundle.input_shape)
+        num_classes = teachers[0].bundle.num_classes
+        template = build_model(arch, input_shape, num_classes)  # type: ignore[arg-type]
+        global_state = initializer_state_dict(global_bytes, template)
+        synthetic = load_synthetic(synthetic_path)
+        if tuple(synthetic.x.shape[1:]) != input_shape:
+            raise DataError(
+                f"synthetic set is {tuple(synthetic.x.shape[1:])} but the teachers take {input_shape}"
+            )
+        keep = torch.randperm(len(synthetic), generator=torch.Generator().manual_seed(config.seed))
+        x = synthetic.x[keep[: config.max_inputs].sort().values]  # N x C x H x W, multiples of 1/255
+        generator_path = agg / "generator" / "generator.onnx"
+        generator_bytes = generator_path.read_bytes() if generator_path.is_file() else None
+        device = resolve_device(config.device)
+        knowledge = [_logits(t.module.to(device), x.to(device)).cpu() for t in teachers]  # Z_n: N x L each
 
-    t0 = time.perf_counter()
-    models = []
-    for _ in teachers:
-        model = build_model(arch, input_shape, num_classes)  # type: ignore[arg-type]
-        model.load_state_dict(global_state)
-        models.append(model)
-    curves = train_server_models(models, x, knowledge, config=config, progress=progress)
-    server_knowledge = [_logits(m, x.to(device)).cpu() for m in models]  # Z_n^s
-    seconds["pke"] = time.perf_counter() - t0
+    with timed(seconds, "pke"):
+        models = []
+        for _ in teachers:
+            model = build_model(arch, input_shape, num_classes)  # type: ignore[arg-type]
+            model.load_state_dict(global_state)
+            models.append(model)
+        curves = train_server_models(models, x, knowledge, config=config, progress=progress)
+        server_knowledge = [_logits(m, x.to(device)).cpu() for m in models]  # Z_n^s
 
-    t0 = time.perf_counter()
-    x_uint8 = (x * 255).round().to(torch.uint8).numpy()
-    knobs = {"mu": float(config.mu), "epochs": config.epochs, "lr": float(config.lr), "inputs": len(x)}
-    paths, rows = [], []
-    for teacher, zs, z, curve in zip(teachers, server_knowledge, knowledge, curves, strict=True):
-        client = names[Path(teacher.path).resolve()]  # type: ignore[arg-type]
-        package = Package(
-            client=client,
-            client_sha256=teacher.bundle.model_sha256,
-            global_onnx=global_bytes,
-            global_arch=arch,
-            num_classes=num_classes,
-            input_shape=input_shape,  # type: ignore[arg-type]
-            inputs=x_uint8,
-            knowledge=zs.numpy().astype(np.float32),
-            generator_onnx=generator_bytes,
-            knobs=knobs,
-            seed=config.seed,
-        )
-        path = write_package(package, out / f"{client}.package")
-        paths.append(path)
-        rows.append(
-            {
-                "client": client,
-                "package": path.name,
-                "size_bytes": path.stat().st_size,
-                "l1_curve": curve,
-                # how far the personalised knowledge moved from the client's own (0 = a copy of it)
-                "l1_to_client_knowledge": float(F.l1_loss(zs, z)),
-                "agreement_with_client": float((zs.argmax(1) == z.argmax(1)).float().mean()),
-            }
-        )
-    seconds["write"] = time.perf_counter() - t0
+    with timed(seconds, "write"):
+        x_uint8 = (x * 255).round().to(torch.uint8).numpy()
+        knobs = {"mu": float(config.mu), "epochs": config.epochs, "lr": float(config.lr), "inputs": len(x)}
+        paths, rows = [], []
+        for teacher, zs, z, curve in zip(teachers, server_knowledge, knowledge, curves, strict=True):
+            client = names[Path(teacher.path).resolve()]  # type: ignore[arg-type]
+            package = Package(
+                client=client,
+                client_sha256=teacher.bundle.model_sha256,
+                global_onnx=global_bytes,
+                global_arch=arch,
+                num_classes=num_classes,
+                input_shape=input_shape,  # type: ignore[arg-type]
+                inputs=x_uint8,
+                knowledge=zs.numpy().astype(np.float32),
+                generator_onnx=generator_bytes,
+                knobs=knobs,
+                seed=config.seed,
+            )
+            path = write_package(package, out / f"{client}.package")
+            paths.append(path)
+            rows.append(
+                {
+                    "client": client,
+                    "package": path.name,
+                    "size_bytes": path.stat().st_size,
+                    "l1_curve": curve,
+                    # how far the personalised knowledge moved from the client's own (0 = a copy of it)
+                    "l1_to_client_knowledge": float(F.l1_loss(zs, z)),
+                    "agreement_with_client": float((zs.argmax(1) == z.argmax(1)).float().mean()),
+                }
+            )
     report = {
         "config": config.to_dict(),
         "global_arch": arch,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import io
-import math
 import struct
 from typing import Any
 
@@ -18,6 +17,7 @@ import matplotlib.image
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from common.checks import is_number
 from server_kit.grid import GRID_PADDING
 
 __all__ = [
@@ -41,8 +41,7 @@ DPI = 100
 
 def number(value: Any) -> float | None:
     """A finite int or float as float, else None (a bool is no number here)."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
+    return float(value) if is_number(value) else None
 
 
 def numbers(value: Any) -> list[float] | None:

@@ -42,6 +42,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from common.checks import from_preset
 from common.configs import config_from_dict
 from common.errors import ConfigError
+from common.timing import timed
 from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import client_name, load_client_data, partition, partition_settings
@@ -424,25 +425,25 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         # jobs > 1: the partition and every client run in worker processes forked from a fork server
         # (see server_kit.workers), so this process never holds the dataset or a client's training garbage
         pool = stack.enter_context(worker_pool(config.jobs)) if config.jobs > 1 else None
-        t0 = time.perf_counter()
-        verdict = _partition_verdict(config, out / "data")
-        if verdict.reuse:
-            log.info("partition reused: %s has the same settings", out / "data")
-        elif config.resume == "strict" and verdict.differs:
-            refuse(out / "data" / "partition.json", verdict)
-        else:
-            log.info("partition runs: %s", verdict.reason)
-            if pool is None:
-                _partition(config, out / "data")
-                release_memory()  # the whole dataset was in this process; the clients read only their files
+        with timed(seconds, "partition"):
+            verdict = _partition_verdict(config, out / "data")
+            if verdict.reuse:
+                log.info("partition reused: %s has the same settings", out / "data")
+            elif config.resume == "strict" and verdict.differs:
+                refuse(out / "data" / "partition.json", verdict)
             else:
-                pool.submit(_partition, config, out / "data").result()
-        names_on_disk = _client_names(config.num_clients)
-        data_paths = [out / "data" / f"{name}.npz" for name in names_on_disk]
-        seconds["partition"] = time.perf_counter() - t0
+                log.info("partition runs: %s", verdict.reason)
+                if pool is None:
+                    _partition(config, out / "data")
+                    # the whole dataset was in this process; the clients read only their files
+                    release_memory()
+                else:
+                    pool.submit(_partition, config, out / "data").result()
+            names_on_disk = _client_names(config.num_clients)
+            data_paths = [out / "data" / f"{name}.npz" for name in names_on_disk]
 
         # --- clients (each one is a device); reuse finished bundles so a killed run resumes ------------
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # not `timed`: the phase ends after the worker pool has shut down, below
         client_dir = out / "clients"
         client_dir.mkdir(parents=True, exist_ok=True)
         bundles = [client_dir / f"{name}.bundle" for name in names_on_disk]
@@ -503,41 +504,40 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         seconds[f"server_{phase}"] = value
 
     # --- per-client metrics (local val accuracy; accuracy of its own model on the global test set) -----
-    t0 = time.perf_counter()
-    eval_threads = usable_threads()
-    clients = []
-    for k, path in enumerate(bundles):
-        bundle = read_bundle(path)
-        report = json.loads(path.with_name(path.name + ".report.json").read_text(encoding="utf-8"))
-        m = bundle.metrics
-        row: dict[str, Any] = {
-            "client": k,
-            "profile": names[k],
-            "kind": bundle.kind,
-            "arch": bundle.arch,
-            "num_examples": bundle.num_examples,
-            "label_counts": list(bundle.label_counts),
-            "seconds": report["seconds"],
-        }
-        if bundle.kind == "classifier":
-            row |= {
-                "val_accuracy": m["val_accuracy"],
-                "test_accuracy": evaluate_onnx(
-                    bundle.model_onnx, test, unknown_output=bundle.unknown_output, threads=eval_threads
-                )["accuracy"],
-                "flops": m["flops"],
-                "params": m["params"],
-                "candidate_epochs": m["candidate_epochs"],
+    with timed(seconds, "evaluate_clients"):
+        eval_threads = usable_threads()
+        clients = []
+        for k, path in enumerate(bundles):
+            bundle = read_bundle(path)
+            report = json.loads(path.with_name(path.name + ".report.json").read_text(encoding="utf-8"))
+            m = bundle.metrics
+            row: dict[str, Any] = {
+                "client": k,
+                "profile": names[k],
+                "kind": bundle.kind,
+                "arch": bundle.arch,
+                "num_examples": bundle.num_examples,
+                "label_counts": list(bundle.label_counts),
+                "seconds": report["seconds"],
             }
-        else:  # a CVAE client (FedMHO): its decoder has no accuracy of its own
-            row |= {
-                "val_loss": m.get("val_loss"),
-                "flops": m.get("decoder_flops"),
-                "params": m.get("decoder_params"),
-                "candidate_epochs": 0,
-            }
-        clients.append(row)
-    seconds["evaluate_clients"] = time.perf_counter() - t0
+            if bundle.kind == "classifier":
+                row |= {
+                    "val_accuracy": m["val_accuracy"],
+                    "test_accuracy": evaluate_onnx(
+                        bundle.model_onnx, test, unknown_output=bundle.unknown_output, threads=eval_threads
+                    )["accuracy"],
+                    "flops": m["flops"],
+                    "params": m["params"],
+                    "candidate_epochs": m["candidate_epochs"],
+                }
+            else:  # a CVAE client (FedMHO): its decoder has no accuracy of its own
+                row |= {
+                    "val_loss": m.get("val_loss"),
+                    "flops": m.get("decoder_flops"),
+                    "params": m.get("decoder_params"),
+                    "candidate_epochs": 0,
+                }
+            clients.append(row)
     seconds["total"] = time.perf_counter() - wall
 
     scored = [c["test_accuracy"] for c in clients if "test_accuracy" in c]

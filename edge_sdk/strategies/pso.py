@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from common.checks import check_int
+from common.checks import check_int, is_number
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import family_of, parse_arch
 from edge_sdk.chain import CHAIN_FAMILY, MAX_DEPTH, ChainSpec, Layer
@@ -93,11 +93,7 @@ class PSOConfig(SearchConfig):
         check_max_depth(self.max_depth)
         if not isinstance(self.warm_start, bool):
             raise ConfigError(f"warm_start must be a bool, got {self.warm_start!r}")
-        if not (
-            isinstance(self.finalist_share, int | float)
-            and not isinstance(self.finalist_share, bool)
-            and 0.0 < self.finalist_share <= 1.0
-        ):
+        if not (is_number(self.finalist_share) and 0.0 < self.finalist_share <= 1.0):  # type: ignore[operator]
             raise ConfigError(f"finalist_share must be a number in (0, 1], got {self.finalist_share!r}")
         if not (isinstance(self.cg, int | float) and 0.0 <= self.cg <= 1.0):
             raise ConfigError(f"cg must be a number in [0, 1], got {self.cg!r}")
