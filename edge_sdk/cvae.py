@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,11 +62,15 @@ __all__ = [
     "MODELS",
     "CVAEConfig",
     "CVAEProfile",
+    "ClassPrior",
     "Decoder",
     "build_cvae",
+    "class_prior_min_examples",
     "cvae_arch",
     "cvae_loss",
     "evaluate_cvae",
+    "fit_class_prior",
+    "modeled_label_counts",
     "parse_cvae_arch",
     "profile_cvae",
     "train_cvae",
@@ -73,7 +78,8 @@ __all__ = [
 
 MODELS = ("cvae-small", "cvae-large")
 HIDDEN_UNITS = 256  # both reference CVAEs
-_ARCH_RE = re.compile(r"^(cvae-small|cvae-large)-z([1-9][0-9]*)$")
+CLASS_PRIOR_SUFFIX = "-classprior"
+_ARCH_RE = re.compile(r"^(cvae-small|cvae-large)-z([1-9][0-9]*)(-classprior)?$")
 
 # Per-dataset settings. From the paper (Table 3 / section 5.1.4): batch 64, Adam, and the CVAE learning rate
 # and local epochs of MNIST (5e-2, 30), Fashion (5e-2, 40), SVHN (1e-3, 40), EMNIST (3e-3, 50). cifar10 is
@@ -109,6 +115,13 @@ class CVAEConfig:
         batch_size: images per step.
         kl_weight: beta of the training loss recon + beta * KL (1 = the paper's ELBO). Above 1, z carries
             less of each image and the decoder leans on the label; validation reports the ELBO either way.
+        class_prior: after training, fit each class's latent distribution (a full-covariance Gaussian of
+            the aggregate posterior of its training images, :func:`fit_class_prior`) into the decoder, so
+            the server's z ~ N(0, I) is mapped to where the encoder put that class. Without it the decoder
+            is sampled from the ELBO's N(0, I) prior, which the encoder does not match class by class: with
+            z = 20 the latent carries the digit and a class drawn from N(0, I) comes out as another one
+            (benchmarks/RESULTS.md, "Decoder recognisability per class"). The arch string then ends in
+            ``-classprior``.
     """
 
     model: str = "cvae-small"
@@ -117,6 +130,7 @@ class CVAEConfig:
     lr: float = 3e-3
     batch_size: int = 64
     kl_weight: float = 1.0
+    class_prior: bool = True
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -136,6 +150,8 @@ class CVAEConfig:
             or not (math.isfinite(self.kl_weight) and self.kl_weight > 0)
         ):
             raise ConfigError(f"kl_weight must be a positive finite number, got {self.kl_weight!r}")
+        if not isinstance(self.class_prior, bool):
+            raise ConfigError(f"class_prior must be true or false, got {self.class_prior!r}")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> CVAEConfig:
@@ -153,44 +169,82 @@ class CVAEConfig:
 
     @property
     def arch(self) -> str:
-        return cvae_arch(self.model, self.latent_dim)
+        return cvae_arch(self.model, self.latent_dim, class_prior=self.class_prior)
 
 
-def cvae_arch(model: str, latent_dim: int) -> str:
-    """The arch string a decoder bundle carries, e.g. ``cvae-small-z2``."""
+def cvae_arch(model: str, latent_dim: int, *, class_prior: bool = False) -> str:
+    """The arch string a decoder bundle carries, e.g. ``cvae-small-z2`` or ``cvae-small-z20-classprior``."""
     if model not in MODELS:
         raise SpecError(f"unknown CVAE model {model!r}; expected one of {MODELS}")
-    return f"{model}-z{int(latent_dim)}"
+    return f"{model}-z{int(latent_dim)}{CLASS_PRIOR_SUFFIX if class_prior else ''}"
 
 
 def parse_cvae_arch(arch: str) -> tuple[str, int]:
-    """``"cvae-small-z2"`` -> ``("cvae-small", 2)``."""
+    """``"cvae-small-z2"`` -> ``("cvae-small", 2)``; :func:`build_cvae` reads the ``-classprior`` suffix."""
+    return _parse_arch(arch)[:2]
+
+
+def _parse_arch(arch: str) -> tuple[str, int, bool]:
     match = _ARCH_RE.match(str(arch).strip())
     if match is None:
         raise SpecError(
-            f"not a CVAE arch string: {arch!r}; expected e.g. 'cvae-small-z2' or 'cvae-large-z20'"
+            f"not a CVAE arch string: {arch!r}; expected e.g. 'cvae-small-z2', 'cvae-large-z20' or "
+            "'cvae-small-z20-classprior'"
         )
-    return match.group(1), int(match.group(2))
+    return match.group(1), int(match.group(2)), match.group(3) is not None
 
 
 # ------------------------------------------------------------------------------------------------ models
 
 
+def class_prior_min_examples(latent_dim: int) -> int:
+    """The fewest training images of a class for :func:`fit_class_prior` to fit its latent Gaussian.
+
+    latent_dim + 1: fewer codes cannot span the latent space, so the covariance would be singular and
+    mostly the shrinkage target; and the fitted mean is an average of at least that many codes, never
+    one image's. The server samples a class-prior decoder only for the classes it modelled
+    (:func:`modeled_label_counts`), the device and the server reading this one rule.
+    """
+    return int(latent_dim) + 1
+
+
+class ClassPrior(nn.Module):
+    """``prior(eps, y_onehot) = mean[y] + L[y] @ eps``: the server's N(0, I) noise mapped to each class's
+    fitted latent Gaussian N(mean[y], L[y] L[y]^T). Identity (mean 0, L = I) until fitted, and for the
+    classes :func:`fit_class_prior` leaves unfitted. Two buffers, ``mean`` (K x z) and ``scale``
+    (K x z*z, each row a flattened L), that travel as ONNX initializers like the weights."""
+
+    def __init__(self, num_classes: int, latent_dim: int) -> None:
+        super().__init__()
+        self.latent_dim = latent_dim
+        self.register_buffer("mean", torch.zeros(num_classes, latent_dim))
+        self.register_buffer("scale", torch.eye(latent_dim).repeat(num_classes, 1, 1).flatten(1))
+
+    def forward(self, eps: Tensor, y_onehot: Tensor) -> Tensor:
+        chol = (y_onehot @ self.scale).reshape(-1, self.latent_dim, self.latent_dim)  # N x z x z
+        return y_onehot @ self.mean + torch.bmm(chol, eps.unsqueeze(2)).squeeze(2)
+
+
 class Decoder(nn.Module):
     """``decoder(z, y_onehot) -> x``: z (N x latent), one-hot y (N x K) -> pixels in [0, 1], N x C x H x W.
 
-    ``logits`` gives the pre-sigmoid output (training uses it for a stable BCE). ``latent_dim``,
+    ``logits`` maps a latent code to pre-sigmoid pixels (training uses it, on posterior codes, for a
+    stable BCE); ``forward`` is what the server samples: its z is the N(0, I) draw, first mapped through
+    the class prior when the decoder has one (``prior``, see :class:`ClassPrior`). ``latent_dim``,
     ``num_classes`` and ``output_shape`` are plain ints so the server's sampler can read them.
     """
 
     latent_dim: int
     num_classes: int
     output_shape: tuple[int, int, int]
+    prior: ClassPrior | None
 
     def logits(self, z: Tensor, y_onehot: Tensor) -> Tensor:
         raise NotImplementedError
 
     def forward(self, z: Tensor, y_onehot: Tensor) -> Tensor:
+        if self.prior is not None:
+            z = self.prior(z, y_onehot)
         return torch.sigmoid(self.logits(z, y_onehot))
 
 
@@ -207,9 +261,12 @@ class _MLPEncoder(nn.Module):
 
 
 class _MLPDecoder(Decoder):
-    def __init__(self, output_shape: tuple[int, int, int], num_classes: int, latent_dim: int) -> None:
+    def __init__(
+        self, output_shape: tuple[int, int, int], num_classes: int, latent_dim: int, class_prior: bool
+    ) -> None:
         super().__init__()
         self.latent_dim, self.num_classes, self.output_shape = latent_dim, num_classes, output_shape
+        self.prior = ClassPrior(num_classes, latent_dim) if class_prior else None
         self.hidden = nn.Linear(latent_dim + num_classes, HIDDEN_UNITS)
         self.out = nn.Linear(HIDDEN_UNITS, math.prod(output_shape))
 
@@ -253,9 +310,12 @@ class _ConvEncoder(nn.Module):
 
 
 class _ConvDecoder(Decoder):
-    def __init__(self, output_shape: tuple[int, int, int], num_classes: int, latent_dim: int) -> None:
+    def __init__(
+        self, output_shape: tuple[int, int, int], num_classes: int, latent_dim: int, class_prior: bool
+    ) -> None:
         super().__init__()
         self.latent_dim, self.num_classes, self.output_shape = latent_dim, num_classes, output_shape
+        self.prior = ClassPrior(num_classes, latent_dim) if class_prior else None
         c, h, w = output_shape
         gh, gw = _large_grid(output_shape)
         self.hidden = nn.Sequential(
@@ -285,10 +345,17 @@ class CVAE(nn.Module):
 
     ``forward(x, y_onehot, eps)`` returns (reconstruction in [0, 1], mean, logvar) with z = mean +
     eps * exp(logvar / 2); pass ``eps`` from a seeded generator (``None`` draws from the global RNG).
+    ``class_prior`` gives the decoder a :class:`ClassPrior` (fitted after training by :func:`train_cvae`).
     """
 
     def __init__(
-        self, model: str, input_shape: tuple[int, int, int], num_classes: int, latent_dim: int
+        self,
+        model: str,
+        input_shape: tuple[int, int, int],
+        num_classes: int,
+        latent_dim: int,
+        *,
+        class_prior: bool = False,
     ) -> None:
         super().__init__()
         if model not in MODELS:
@@ -304,20 +371,20 @@ class CVAE(nn.Module):
             or not 1 <= latent_dim <= MAX_LATENT_DIM
         ):
             raise SpecError(f"latent_dim must be an int in [1, {MAX_LATENT_DIM}], got {latent_dim!r}")
-        self.model, self.input_shape = model, shape
+        self.model, self.input_shape, self.class_prior = model, shape, bool(class_prior)
         self.num_classes, self.latent_dim = num_classes, latent_dim
         self.encoder: nn.Module
         self.decoder: Decoder
         if model == "cvae-small":
             self.encoder = _MLPEncoder(math.prod(shape), num_classes, latent_dim)
-            self.decoder = _MLPDecoder(shape, num_classes, latent_dim)  # type: ignore[arg-type]
+            self.decoder = _MLPDecoder(shape, num_classes, latent_dim, self.class_prior)  # type: ignore[arg-type]
         else:
             self.encoder = _ConvEncoder(shape, num_classes, latent_dim)  # type: ignore[arg-type]
-            self.decoder = _ConvDecoder(shape, num_classes, latent_dim)  # type: ignore[arg-type]
+            self.decoder = _ConvDecoder(shape, num_classes, latent_dim, self.class_prior)  # type: ignore[arg-type]
 
     @property
     def arch(self) -> str:
-        return cvae_arch(self.model, self.latent_dim)
+        return cvae_arch(self.model, self.latent_dim, class_prior=self.class_prior)
 
     def forward(
         self, x: Tensor, y_onehot: Tensor, eps: Tensor | None = None
@@ -326,21 +393,87 @@ class CVAE(nn.Module):
         if eps is None:
             eps = torch.randn_like(mean)
         z = mean + eps * torch.exp(0.5 * logvar)
-        return self.decoder(z, y_onehot), mean, logvar
+        return torch.sigmoid(self.decoder.logits(z, y_onehot)), mean, logvar  # a posterior code: no prior
 
 
 def build_cvae(
-    model: str, input_shape: tuple[int, int, int], num_classes: int, latent_dim: int | None = None
+    model: str,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    latent_dim: int | None = None,
+    *,
+    class_prior: bool = False,
 ) -> CVAE:
-    """Build a CVAE by model name (``latent_dim`` required) or by arch string (``cvae-small-z2``)."""
+    """Build a CVAE by model name (``latent_dim`` required) or by arch string (``cvae-small-z2``,
+    ``cvae-small-z20-classprior``: the arch string then says whether it has a class prior)."""
     if model not in MODELS:
-        name, from_arch = parse_cvae_arch(model)
+        name, from_arch, prior = _parse_arch(model)
         if latent_dim is not None and latent_dim != from_arch:
             raise SpecError(f"arch {model!r} says latent_dim {from_arch}, got latent_dim={latent_dim}")
-        model, latent_dim = name, from_arch
+        model, latent_dim, class_prior = name, from_arch, prior
     if latent_dim is None:
         raise SpecError(f"latent_dim is required to build {model!r} by model name")
-    return CVAE(model, input_shape, num_classes, latent_dim)
+    return CVAE(model, input_shape, num_classes, latent_dim, class_prior=class_prior)
+
+
+@torch.no_grad()
+def fit_class_prior(model: CVAE, data: ArrayDataset, *, batch_size: int = 1024) -> tuple[int, ...]:
+    """Fit the decoder's :class:`ClassPrior` to ``data`` (the training split); returns the classes fitted.
+
+    For each class with at least :func:`class_prior_min_examples` images: the mean and covariance of its
+    aggregate posterior, q(z | y) = the average over its images of N(mean(x), diag(exp(logvar(x)))), i.e.
+    the covariance of the posterior means plus the mean posterior variance, shrunk toward its diagonal by
+    z / (n + z) (a sample covariance of n codes in z dimensions is noisy when n is near z); L is its
+    Cholesky factor. Ex-post density estimation (Ghosh et al., 2020) with one Gaussian per class: the
+    decoder is left as trained, only where the server's noise lands changes. Other classes keep N(0, I).
+    """
+    prior = model.decoder.prior
+    if prior is None:
+        raise ConfigError(f"{model.arch} has no class prior; build it with class_prior=True")
+    _check_data(data, "training")
+    was_training = model.training
+    model.eval()
+    param = next(model.parameters())
+    means, variances = [], []
+    for start in range(0, len(data), batch_size):
+        xb = to_float(data.x[start : start + batch_size].to(param.device))
+        yb = F.one_hot(data.y[start : start + batch_size].to(param.device), data.num_classes).float()
+        mean, logvar = model.encoder(xb, yb)
+        means.append(mean.double().cpu())
+        variances.append(logvar.double().exp().cpu())
+    model.train(was_training)
+    mu, var = torch.cat(means), torch.cat(variances)
+    z = model.latent_dim
+    prior.mean.zero_()  # a refit starts from N(0, I) for every class
+    prior.scale.copy_(torch.eye(z).repeat(data.num_classes, 1, 1).flatten(1))
+    fitted = []
+    for c in range(data.num_classes):
+        rows = data.y == c
+        n = int(rows.sum())
+        if n < class_prior_min_examples(z):
+            continue
+        codes = mu[rows]
+        cov = torch.cov(codes.T, correction=0).reshape(z, z) + torch.diag(var[rows].mean(0))
+        shrink = z / (n + z)
+        cov = (1.0 - shrink) * cov + shrink * torch.diag(torch.diag(cov))
+        chol, info = torch.linalg.cholesky_ex(cov)
+        if int(info) != 0 or not torch.isfinite(chol).all():
+            continue  # not positive definite (a degenerate class): keep N(0, I) for it
+        prior.mean[c] = codes.mean(0).to(prior.mean)
+        prior.scale[c] = chol.flatten().to(prior.scale)
+        fitted.append(c)
+    return tuple(fitted)
+
+
+def modeled_label_counts(decoder: nn.Module, label_counts: Sequence[int]) -> list[int]:
+    """``label_counts`` with the classes a class-prior decoder did not fit set to 0, so the server draws a
+    class only from decoders that model it (:func:`class_prior_min_examples`); any other decoder (no
+    prior, a foreign ONNX one) keeps every count."""
+    counts = [int(n) for n in label_counts]
+    if getattr(decoder, "prior", None) is None:
+        return counts
+    least = class_prior_min_examples(int(decoder.latent_dim))
+    return [n if n >= least else 0 for n in counts]
 
 
 # ---------------------------------------------------------------------------------------------- the cost
@@ -442,7 +575,8 @@ def train_cvae(
     device: str | torch.device = "cpu",
     progress: bool = False,
 ) -> tuple[CVAE, list[float]]:
-    """Build (seeded init) and train a CVAE on ``data``; returns (the model, in eval mode on CPU, and the
+    """Build (seeded init) and train a CVAE on ``data`` (then fit its class prior, when the config has one);
+    returns (the model, in eval mode on CPU, and the
     mean training loss of each epoch).
 
     Batches are slices of a seeded permutation of the preloaded uint8 split; the noise comes from a
@@ -454,7 +588,13 @@ def train_cvae(
         raise ConfigError(f"config must be a CVAEConfig, got {type(config).__name__}")
     dev = resolve_device(device)
     with seeded(seed):
-        model = build_cvae(config.model, data.input_shape, data.num_classes, config.latent_dim)
+        model = build_cvae(
+            config.model,
+            data.input_shape,
+            data.num_classes,
+            config.latent_dim,
+            class_prior=config.class_prior,
+        )
     model.to(dev).train()
     x = data.x.to(dev)  # N x C x H x W uint8, converted per batch
     y = F.one_hot(data.y.to(dev), data.num_classes).float()  # N x K
@@ -477,6 +617,8 @@ def train_cvae(
         desc="cvae",
         progress=progress,
     )
+    if config.class_prior:
+        fit_class_prior(model, data)
     return model.cpu().eval(), losses
 
 

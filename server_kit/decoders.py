@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
-from edge_sdk.cvae import build_cvae
+from edge_sdk.cvae import build_cvae, modeled_label_counts
 from export.bundle import Bundle, read_bundle
 from export.onnx_check import check_decoder_onnx
 from export.onnx_export import DECODER_INPUT_NAMES, onnx_session
@@ -238,6 +238,19 @@ def allocate_samples(
     return cells
 
 
+def _drawn_counts(decoders: Sequence[nn.Module], rows: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The label counts samples are allocated by: a class is drawn from the decoders that model it
+    (:func:`edge_sdk.cvae.modeled_label_counts`), or, when none does, from every decoder holding it, as
+    without class priors, so no class the decoders hold goes missing."""
+    raw = [[int(n) for n in row] for row in rows]
+    modeled = [modeled_label_counts(d, row) for d, row in zip(decoders, raw, strict=True)]
+    for c in range(len(raw[0]) if raw else 0):
+        if not any(row[c] for row in modeled):
+            for k, row in enumerate(modeled):
+                row[c] = raw[k][c]
+    return modeled
+
+
 def check_temperature(temperature: float) -> float:
     """A sampling temperature: a finite number in (0, 1] (above 1 only draws further off the prior)."""
     if (
@@ -269,7 +282,8 @@ def sample_decoders(
 ) -> tuple[Tensor, Tensor]:
     """Decode ``total`` synthetic images: (x float32 N x C x H x W in [0, 1], y int64 N), on CPU.
 
-    Decoder k gets the label counts of :func:`allocate_samples` for client k (same order) and decodes
+    Decoder k gets the label counts of :func:`allocate_samples` for client k (same order; a class-prior
+    decoder only for the classes it modelled, see :func:`_drawn_counts`) and decodes
     z ~ N(0, temperature^2 I) drawn from its own seeded stream (on CPU, so the draw is
     device-independent); a temperature under 1 draws nearer the prior's mode, where the decoder leans
     on the label more than on z (the truncation trick of generative models). Samples
@@ -304,7 +318,7 @@ def sample_decoders(
         raise ConfigError(
             f"decoders produce different image shapes {sorted(shapes)}; pass one task's decoders"
         )
-    cells = allocate_samples(label_counts_per_client, total, weighting=weighting)
+    cells = allocate_samples(_drawn_counts(decoders, label_counts_per_client), total, weighting=weighting)
     dev = torch.device(device)
     xs: list[Tensor] = []
     ys: list[Tensor] = []

@@ -17,8 +17,11 @@ from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.cvae import (
     CVAEConfig,
     build_cvae,
+    class_prior_min_examples,
     cvae_loss,
     evaluate_cvae,
+    fit_class_prior,
+    modeled_label_counts,
     parse_cvae_arch,
     profile_cvae,
     train_cvae,
@@ -123,6 +126,15 @@ def test_arch_strings() -> None:
             parse_cvae_arch(bad)
     with pytest.raises(SpecError, match="latent_dim"):
         build_cvae("cvae-small-z2", (1, 8, 8), 10, latent_dim=3)
+    with_prior = build_cvae("cvae-small-z20-classprior", (1, 8, 8), 10)
+    assert with_prior.class_prior and with_prior.decoder.prior is not None
+    assert with_prior.arch == "cvae-small-z20-classprior"
+    assert parse_cvae_arch(with_prior.arch) == ("cvae-small", 20)
+    assert build_cvae("cvae-small-z20", (1, 8, 8), 10).decoder.prior is None
+    assert CVAEConfig().arch == "cvae-small-z20-classprior"
+    assert CVAEConfig(class_prior=False).arch == "cvae-small-z20"
+    with pytest.raises(ConfigError, match="class_prior"):
+        CVAEConfig(class_prior=1)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -262,6 +274,54 @@ def test_training_lowers_loss_and_is_deterministic(digits: ArrayDataset) -> None
     assert evaluate_cvae(beta, digits, seed=0)["kl"] < after["kl"]
 
 
+def test_class_prior_fits_classes_with_enough_images(digits: ArrayDataset) -> None:
+    """The prior maps N(0, I) onto each class's aggregate posterior; training itself never sees it."""
+    config = CVAEConfig(epochs=2, batch_size=32, latent_dim=4)
+    model, losses = train_cvae(digits, config=config, seed=3)
+    plain, plain_losses = train_cvae(digits, config=dataclasses.replace(config, class_prior=False), seed=3)
+    assert losses == plain_losses  # the same training: the prior is fitted afterwards
+    prior = model.decoder.prior
+    assert prior is not None and plain.decoder.prior is None
+    counts = torch.bincount(digits.y, minlength=10)
+    least = class_prior_min_examples(4)
+    assert least == 5 and bool((counts >= least).all())  # every digits class is fitted here
+    # the fitted mean of class c is the mean of its posterior means
+    x = digits.x.float() / 255
+    y = torch.nn.functional.one_hot(digits.y, 10).float()
+    with torch.no_grad():
+        mean, _ = model.encoder(x, y)
+    for c in (0, 7):
+        torch.testing.assert_close(prior.mean[c], mean[digits.y == c].mean(0), atol=1e-5, rtol=1e-4)
+        chol = prior.scale[c].reshape(4, 4)
+        assert torch.equal(chol, torch.tril(chol)) and bool((torch.diag(chol) > 0).all())
+    # sampling: z = mean[y] + L[y] eps; the posterior path (training, evaluation) is untouched
+    eps = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    onehot = torch.eye(10)[[2, 2, 5]]
+    with torch.no_grad():
+        z = prior(eps, onehot)
+        expected = torch.stack(
+            [prior.mean[c] + prior.scale[c].reshape(4, 4) @ e for c, e in zip([2, 2, 5], eps, strict=True)]
+        )
+        torch.testing.assert_close(z, expected)
+        torch.testing.assert_close(model.decoder(eps, onehot), torch.sigmoid(model.decoder.logits(z, onehot)))
+    assert evaluate_cvae(model, digits, seed=0) == evaluate_cvae(plain, digits, seed=0)
+    # a class with fewer images than the latent has dimensions keeps N(0, I), and the server skips it
+    few = digits.subset(np.flatnonzero((digits.y != 3).numpy() | (np.arange(len(digits)) < 40)))
+    assert 0 < int((few.y == 3).sum()) < least
+    fitted = fit_class_prior(model, few)
+    assert 3 not in fitted and len(fitted) == 9
+    assert not prior.mean[3].any() and torch.equal(prior.scale[3].reshape(4, 4), torch.eye(4))
+    counts_few = torch.bincount(few.y, minlength=10).tolist()
+    assert modeled_label_counts(model.decoder, counts_few)[3] == 0
+    assert modeled_label_counts(plain.decoder, counts_few) == counts_few
+    with pytest.raises(ConfigError, match="no class prior"):
+        fit_class_prior(plain, digits)
+    # ONNX: the prior travels as two initializers and matches torch
+    data = export_decoder_onnx(model.decoder, latent_dim=4, num_classes=10, output_shape=digits.input_shape)
+    names = {init.name for init in onnx.load_from_string(data).graph.initializer}
+    assert {"prior.mean", "prior.scale"} <= names
+
+
 # ---------------------------------------------------------------------------------------- roles, client
 
 
@@ -291,12 +351,13 @@ def test_run_client_cvae_writes_decoder_bundle(digits: ArrayDataset, tmp_path: P
     result = run_client(digits, profile=load_profile("wearable"), config=config, out=tmp_path / "w.bundle")
     assert result.role == "cvae" and result.search is None and result.extra_bundles == ()
     bundle = read_bundle(result.bundle_path)
-    assert bundle.kind == "cvae_decoder" and bundle.arch == result.arch == "cvae-small-z20"
+    assert bundle.kind == "cvae_decoder" and bundle.arch == result.arch == "cvae-small-z20-classprior"
     assert bundle.latent_dim == 20 and bundle.input_shape == (1, 8, 8) and bundle.num_classes == 10
     assert bundle.num_examples == 240 and sum(bundle.label_counts) == 240  # the 80 % train split
     for key in ("train_loss", "val_loss", "val_recon", "val_kl", "flops", "params", "decoder_flops"):
         assert key in bundle.metrics, key
-    assert bundle.metrics["decoder_flops"] == 2 * _small_macs(64, 10, 20)[1]
+    prior_macs = 10 * 20 + 10 * 20 * 20 + 20 * 20  # y @ mean, y @ scale, L @ eps
+    assert bundle.metrics["decoder_flops"] == 2 * (_small_macs(64, 10, 20)[1] + prior_macs)
     assert bundle.metrics["decoder_params"] < bundle.metrics["params"]
     (x,) = onnx_session(bundle.model_onnx).run(
         ["x"], {"z": np.zeros((3, 20), np.float32), "y": np.eye(10, dtype=np.float32)[:3]}

@@ -40,11 +40,16 @@ def decoder_bundle(
     counts: tuple[int, ...] = COUNTS,
     shape: tuple[int, int, int] = SHAPE,
     latent: int = 3,
+    class_prior: bool = False,
 ) -> Path:
-    """An untrained (seeded) cvae-small decoder bundle: enough for loading, sampling and fusion tests."""
+    """An untrained (seeded) cvae-small decoder bundle: enough for loading, sampling and fusion tests
+    (with ``class_prior``, a prior of random means and scales stands in for a fitted one)."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = build_cvae("cvae-small", shape, len(counts), latent).eval()
+        model = build_cvae("cvae-small", shape, len(counts), latent, class_prior=class_prior).eval()
+        if model.decoder.prior is not None:
+            model.decoder.prior.mean.normal_()
+            model.decoder.prior.scale.uniform_(0.5, 1.5)
     trained = TrainedCVAE(
         module=model,
         arch=model.arch,
@@ -63,9 +68,12 @@ def _ort(bundle: Bundle, z: torch.Tensor, y: torch.Tensor) -> np.ndarray:
     return onnx_session(bundle.model_onnx).run(["x"], {"z": z.numpy(), "y": y.numpy()})[0]
 
 
-def test_load_decoder_rebuilds_with_parity(tmp_path: Path) -> None:
-    path = decoder_bundle(tmp_path)
+@pytest.mark.parametrize("class_prior", [False, True])
+def test_load_decoder_rebuilds_with_parity(tmp_path: Path, class_prior: bool) -> None:
+    path = decoder_bundle(tmp_path, class_prior=class_prior)
     decoder = load_decoder(path)
+    assert (decoder.prior is not None) == class_prior
+    assert read_bundle(path).arch.endswith("-classprior") == class_prior
     assert isinstance(decoder, Decoder) and not decoder.training
     assert not any(p.requires_grad for p in decoder.parameters())
     assert (decoder.latent_dim, decoder.num_classes, decoder.output_shape) == (3, 4, SHAPE)
@@ -200,6 +208,22 @@ def test_sample_decoders_follows_the_allocation() -> None:
         sample_decoders([nn.Identity()], [[1, 1, 1]], total=4, num_classes=3, seed=0)
     with pytest.raises(ConfigError, match="conditioned on"):
         sample_decoders([_Stamp(0, num_classes=4)], [[1, 1, 1]], total=4, num_classes=3, seed=0)
+
+
+def test_sample_decoders_draws_a_class_from_the_decoders_that_model_it() -> None:
+    """A class-prior decoder is drawn only for the classes it fitted (at least latent_dim + 1 images); a
+    class no decoder models is drawn, as before priors existed, from every decoder holding it."""
+    with_prior = _Stamp(0, latent_dim=2)
+    with_prior.prior = nn.Identity()  # any module: what matters is that the decoder has a fitted prior
+    plain = _Stamp(1, latent_dim=2)
+    counts = [[30, 2, 2], [10, 6, 0]]  # class 1: only the plain decoder; class 2: nobody models it
+    x, y = sample_decoders([with_prior, plain], counts, total=40, num_classes=3, seed=0)
+    client = torch.round(x[:, 0, 0, 1] * 10).long()
+    drawn = [[30, 0, 2], [10, 6, 0]]
+    for k in range(2):
+        np.testing.assert_array_equal(
+            torch.bincount(y[client == k], minlength=3).numpy(), allocate_samples(drawn, 40)[k]
+        )
 
 
 def test_sample_decoders_temperature_scales_the_same_draw() -> None:
