@@ -40,7 +40,7 @@ from common.configs import config_from_dict
 from common.errors import BundleError, ConfigError, DataError
 from edge_sdk.artifacts import decoder_bundle_path
 from edge_sdk.client import ClientConfig, run_client
-from edge_sdk.data import ArrayDataset, client_datasets, client_name, load_client_data
+from edge_sdk.data import ArrayDataset, client_datasets, load_client_data
 from edge_sdk.search import search_config_from_dict
 from edge_sdk.shared_init import MAX_INIT_BYTES, read_initial_weights
 from export.atomic import atomic_write_bytes
@@ -235,7 +235,9 @@ def node_identity(node_config: Mapping[str, Any]) -> NodeId:
 
 
 @functools.lru_cache(maxsize=2)
-def _partition(dataset: str, data_root: str | None, num_clients: int, alpha: float, seed: int, min_size: int):
+def _partition(
+    dataset: str, data_root: str | None, num_clients: int, alpha: float, seed: int, min_size: int
+) -> list[ArrayDataset]:
     """Every client's split (cached: a simulation worker serves many nodes of one partition)."""
     return client_datasets(
         dataset, data_root, num_clients=num_clients, alpha=alpha, seed=seed, min_size=min_size
@@ -253,13 +255,11 @@ def node_data(node_config: Mapping[str, Any], task: FlowerTask) -> ArrayDataset:
             f"data among {task.partition['num_clients']} clients; fix: start as many nodes as num_clients"
         )
     p = task.partition
-    splits = _partition(
-        p["dataset"], task.data_root, p["num_clients"], p["alpha"], p["seed"], p["min_size"]
-    )  # fmt: skip
+    splits = _partition(p["dataset"], task.data_root, p["num_clients"], p["alpha"], p["seed"], p["min_size"])
     return splits[node.partition]
 
 
-def run_task(task: FlowerTask, data: ArrayDataset, *, name: str = "client") -> dict[str, bytes]:
+def run_task(task: FlowerTask, data: ArrayDataset) -> dict[str, bytes]:
     """Run the device pipeline on ``data`` in a scratch directory; returns the bundles' bytes by role:
     ``bundle`` (the classifier, or the decoder of a ``cvae`` client) and ``decoder`` (role ``both``)."""
     with tempfile.TemporaryDirectory(prefix="oneshot-flower-") as scratch:
@@ -268,7 +268,7 @@ def run_task(task: FlowerTask, data: ArrayDataset, *, name: str = "client") -> d
             read_initial_weights(task.init, input_shape=data.input_shape, num_classes=data.num_classes)
             path = atomic_write_bytes(Path(scratch) / "init.onnx", task.init)
             config = dataclasses.replace(config, init=str(path))
-        out = Path(scratch) / f"{name}.bundle"
+        out = Path(scratch) / "client.bundle"
         result = run_client(data, profile=task.profile, config=config, out=out)
         files = {"bundle": result.bundle_path.read_bytes()}
         if result.role == "both":
@@ -294,14 +294,7 @@ def train(msg: Message, context: Context) -> Message:
     personalization package can be checked against it."""
     task = FlowerTask.from_content(msg.content)
     data = node_data(context.node_config, task)
-    partition = context.node_config.get("partition-id")
-    num_clients = task.partition["num_clients"]
-    name = (
-        client_name(partition, num_clients)
-        if isinstance(partition, int) and partition < num_clients
-        else "client"
-    )
-    files = run_task(task, data, name=name)
+    files = run_task(task, data)
     model = bundle_from_bytes(files["bundle"], source="own bundle").model_onnx
     context.state[STATE_KEY] = ArrayRecord({"model": bytes_array(model)})
     bundles = ArrayRecord({role: bytes_array(data) for role, data in files.items()})

@@ -10,7 +10,8 @@ One round, as ``server-kit simulate`` runs it but with the clients on Flower nod
    is parsed, then :func:`export.bundle.bundle_from_bytes`); a bad, oversized or missing reply is refused
    and logged, and the round goes on with the rest;
 4. :func:`server_kit.aggregate.aggregate` on the accepted bundles in memory (named as simulate names its
-   files, in client order), ``global.onnx`` and the accuracy on the dataset's test split;
+   files, in client order; ``on_error="skip"``: an upload whose model fails the ONNX contract or the
+   teacher probe is refused too), ``global.onnx`` and the accuracy on the dataset's test split;
 5. optionally (``personalize``) PKE packages (:func:`server_kit.pke.personalize_server`), each sent to
    its device in a second message (``train.personalize``).
 
@@ -36,7 +37,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from common.checks import check_int, check_number
 from common.configs import config_from_dict
-from common.errors import BundleError, ConfigError, TeacherError, ToolkitError
+from common.errors import BundleError, ConfigError, TeacherError
 from common.timing import timed
 from edge_sdk.artifacts import decoder_bundle_path
 from edge_sdk.data import client_name, load_dataset, partition_settings
@@ -279,7 +280,7 @@ def run_round(grid: Grid, config: FlowerServerConfig) -> FlowerResult:
                 log.warning("%s (node %d) refused: %s", names[node], node, reason)
                 refused.append(Refusal(names[node], node, reason))
     if not uploads_of:
-        raise ToolkitError(
+        raise TeacherError(
             f"no device replied with a valid upload ({len(refused)} refused: "
             f"{'; '.join(f'{r.client}: {r.reason}' for r in refused)[:2000]}); see the log above"
         )
@@ -287,14 +288,24 @@ def run_round(grid: Grid, config: FlowerServerConfig) -> FlowerResult:
     uploads = {
         file: data for node in clients if node in uploads_of for file, data in uploads_of[node].items()
     }
-    agg = aggregate(uploads, out / "server", config=fed.aggregate, eval_data=test, progress=False)
+    # a bundle that passes the file checks can still fail the ONNX contract or the teacher probe: that
+    # upload is skipped and refused like a bad reply, never the round stopped by one device
+    server_config = dataclasses.replace(fed.aggregate, on_error="skip")
+    agg = aggregate(uploads, out / "server", config=server_config, eval_data=test, progress=False)
     for phase, value in agg.seconds.items():
         seconds[f"server_{phase}"] = value
+    node_of = {name: node for node, name in names.items()}
+    for skipped in agg.report["skipped"]:
+        name = Path(skipped["file"]).name.split(".")[0]
+        log.warning("%s refused by the server: %s", skipped["file"], skipped["reason"])
+        refused.append(Refusal(name, node_of.get(name, -1), str(skipped["reason"])))
 
     packages: list[str] = []
     if config.personalize:
         with timed(seconds, "personalize"):
-            packages = _personalize(grid, config, clients, names, uploads_of, out, refused)
+            teachers = {t["file"] for t in agg.report["teachers"]}  # the classifiers the server accepted
+            accepted = {file: data for file, data in uploads.items() if file in teachers}
+            packages = _personalize(grid, config, accepted, node_of, out, refused)
     rows = [
         {"client": clients[node], "name": names[node], "node_id": node, "uploads": sorted(uploads_of[node])}
         for node in clients
@@ -322,31 +333,27 @@ def run_round(grid: Grid, config: FlowerServerConfig) -> FlowerResult:
 def _personalize(
     grid: Grid,
     config: FlowerServerConfig,
-    clients: dict[int, int],
-    names: dict[int, str],
-    uploads_of: dict[int, dict[str, bytes]],
+    teachers: dict[str, bytes],
+    node_of: dict[str, int],
     out: Path,
     refused: list[Refusal],
 ) -> list[str]:
-    """PKE packages for the classifier uploads, each sent to its device (``train.personalize``); returns
-    the names of the clients that acknowledged theirs."""
-    # each device's main upload; personalize_server skips (and reports) the decoders of cvae clients
-    mains = {f"{names[node]}.bundle": uploads_of[node][f"{names[node]}.bundle"] for node in uploads_of}
-    try:
-        pke = personalize_server(mains, out / "server", out / "packages", config=config.pke)
-    except TeacherError as err:
-        log.warning("no personalization package: %s", err)
+    """PKE packages for the accepted classifier uploads (``teachers``, file name -> bytes), each sent to
+    its device (``train.personalize``); returns the names of the clients that acknowledged theirs."""
+    if not teachers:
+        log.warning("no classifier upload was accepted, so no personalization package")
         return []
+    pke = personalize_server(teachers, out / "server", out / "packages", config=config.pke)
     by_name = {path.stem: path for path in pke.packages}
     messages = [
         Message(
-            RecordDict({"package": ArrayRecord({"package": bytes_array(by_name[names[node]].read_bytes())})}),
-            dst_node_id=node,
+            RecordDict({"package": ArrayRecord({"package": bytes_array(path.read_bytes())})}),
+            dst_node_id=node_of[name],
             message_type=f"{MessageType.TRAIN}.{PERSONALIZE_ACTION}",
         )
-        for node in clients
-        if names[node] in by_name
+        for name, path in by_name.items()
     ]
+    names = {node: name for name, node in node_of.items()}
     delivered = []
     for reply in grid.send_and_receive(messages, timeout=config.timeout_s):
         node = reply.metadata.src_node_id

@@ -218,26 +218,35 @@ class _Grid:
                 yield reply
 
 
-def test_the_round_goes_on_without_a_bad_reply(identity, tmp_path):
-    """Node 101 uploads a corrupt bundle, node 102 none at all: both are refused and logged, the round
-    aggregates node 100's upload alone and still sends it its package."""
+def test_the_round_goes_on_without_a_bad_reply(identity, tmp_path, good_bundle):
+    """Node 101 uploads a corrupt bundle, node 102 none at all, node 103 a valid bundle of another task
+    (refused by the server's teacher checks, not by the file checks): all three are refused and logged,
+    the round aggregates node 100's upload alone and still sends it its package."""
 
     def tamper(node, message, reply):
         if node == 101:
             data = reply.content["bundles"]["bundle"].data
             return Message(_bundles(bundle=flower_client.bytes_array(_flipped(data))), reply_to=message)
+        if node == 103:
+            return Message(_bundles(bundle=flower_client.bytes_array(good_bundle)), reply_to=message)
         return None if node == 102 else reply
 
-    fed = dataclasses.replace(tiny_federation(tmp_path / "run"), profiles=("laptop-cpu",), decoders=False)
+    fed = tiny_federation(tmp_path / "run", num_clients=4)
+    fed = dataclasses.replace(fed, profiles=("laptop-cpu",), decoders=False, min_size=5)
     config = FlowerServerConfig(federation=fed, personalize=True, pke=PKEConfig(epochs=1, max_inputs=16))
-    result = run_round(_Grid(3, tamper), config)
-    assert [(r.client, r.node_id) for r in result.refused] == [("client_01", 101), ("client_02", 102)]
+    result = run_round(_Grid(4, tamper), config)
+    assert [(r.client, r.node_id) for r in result.refused] == [
+        ("client_01", 101),
+        ("client_02", 102),
+        ("client_03", 103),
+    ]
     assert "sha256 mismatch" in result.refused[0].reason and "no reply" in result.refused[1].reason
+    assert "disagree" in result.refused[2].reason
     report = json.loads((fed.out_dir / "server" / "report.json").read_text())
     assert [t["file"] for t in report["teachers"]] == ["client_00.bundle"]
     assert result.global_onnx.is_file() and result.packages == ("client_00",)
     saved = json.loads((fed.out_dir / flower_server.RESULTS_FILE).read_text())
-    assert [r["client"] for r in saved["refused"]] == ["client_01", "client_02"]
+    assert [r["client"] for r in saved["refused"]] == ["client_01", "client_02", "client_03"]
 
 
 # ------------------------------------------------------------------------------------- the messages
