@@ -44,12 +44,11 @@ from edge_sdk.data import ArrayDataset, client_datasets, load_client_data
 from edge_sdk.search import search_config_from_dict
 from edge_sdk.shared_init import MAX_INIT_BYTES, read_initial_weights
 from export.atomic import atomic_write_bytes
-from export.bundle import bundle_from_bytes
-from export.package import package_from_bytes
+from export.bundle import MAX_MODEL_BYTES, bundle_from_bytes
+from export.package import MAX_PACKAGE_BYTES, package_from_bytes
 from profiles import DeviceProfile, profile_to_toml
 
 __all__ = [
-    "MAX_PACKAGE_BYTES",
     "MAX_TASK_TEXT_BYTES",
     "PACKAGE_FILE",
     "PERSONALIZE_ACTION",
@@ -67,7 +66,6 @@ __all__ = [
 
 RAW_STYPE = "raw"  # an Array whose data is a file's bytes as they are (dtype uint8, shape (len,))
 MAX_TASK_TEXT_BYTES = 1 << 20  # each text field of a task (JSON settings, profile TOML): far above real ones
-MAX_PACKAGE_BYTES = 4 << 30  # export.package's own bound on a package file
 PERSONALIZE_ACTION = "personalize"  # message type train.personalize
 PACKAGE_FILE = "personalization.package"  # where a node with a work-dir keeps its package
 STATE_KEY = "oneshot"  # the node state's record: the model this node uploaded
@@ -312,7 +310,7 @@ def receive_package(msg: Message, context: Context) -> Message:
     own = context.state.get(STATE_KEY)
     if not isinstance(own, ArrayRecord):
         raise BundleError(f"{source}: this node uploaded no model in this run, so no package is for it")
-    package.check_for(array_bytes(own, "model", max_bytes=MAX_PACKAGE_BYTES, source="node state"))
+    package.check_for(array_bytes(own, "model", max_bytes=MAX_MODEL_BYTES, source="node state"))
     written = ""
     if "work-dir" in context.node_config:  # a fixed name: the package's client field comes from the wire
         target = Path(str(context.node_config["work-dir"])) / PACKAGE_FILE
