@@ -2,7 +2,7 @@
 # The Flower app on the deployment engine, on localhost, with real processes (issue #21): one SuperLink and
 # two SuperNodes (insecure mode, each its own partition of digits), then `flwr run` submits the app (a FAB
 # built from this checkout) and streams its logs until the one-shot round is done; the round must write
-# global.onnx. Also runs the same app on the simulation engine through a SuperLink started with
+# global.onnx and each device must keep the personalization package of the second message. Also runs the same app on the simulation engine through a SuperLink started with
 # --simulation (`flwr run ... --federation-config num-supernodes=2`) and compares the two global models.
 #
 #   benchmarks/flower_deployment.sh [output directory]      (default: a fresh temporary directory)
@@ -76,17 +76,23 @@ start superlink flower-superlink --insecure --isolation subprocess --database "$
 wait_port "$LINK" superlink
 for k in 0 1; do
   port_var=NODE$k
+  mkdir -p "$OUT/node$k"
   start "supernode$k" flower-supernode --insecure --superlink "127.0.0.1:$LINK" --isolation subprocess \
-    --host 127.0.0.1 --port "${!port_var}" --node-config "partition-id=$k num-partitions=2"
+    --host 127.0.0.1 --port "${!port_var}" --node-config "partition-id=$k num-partitions=2 work-dir='$OUT/node$k'"
 done
-flwr run . localhost --stream --run-config "num_clients=2 out_dir='$OUT/deploy' wait_nodes_s=120.0" \
+flwr run . localhost --stream \
+  --run-config "num_clients=2 out_dir='$OUT/deploy' wait_nodes_s=120.0 personalize=true" \
   2>&1 | tee "$OUT/flwr_run_deploy.log"
 t1=$(date +%s.%N)
 test -s "$OUT/deploy/server/global.onnx" || { echo "the round wrote no global.onnx" >&2; exit 1; }
+for k in 0 1; do  # the second message: each device checked its package and kept it in its work-dir
+  test -s "$OUT/node$k/personalization.package" || { echo "node $k kept no package" >&2; exit 1; }
+done
+echo "personalization packages kept by the devices: $(ls "$OUT"/node*/personalization.package | tr '\n' ' ')"
 echo "deployment round: $("$PY" -c "print(round($t1 - $t0, 1))") s from the first process to the end of the stream"
 "$PY" -c "
 import json; r = json.load(open('$OUT/deploy/flower_results.json'))
-print('global accuracy', r['global_accuracy'], '| clients', [c['name'] for c in r['clients']], '| refused', r['refused'])
+print('global accuracy', r['global_accuracy'], '| clients', [c['name'] for c in r['clients']], '| refused', r['refused'], '| packages', r['packages'])
 print('seconds', r['seconds'])"
 
 echo "== simulation engine: SuperLink --simulation, 2 virtual SuperNodes, out $OUT/simulation"
