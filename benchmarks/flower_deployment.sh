@@ -7,6 +7,9 @@
 #
 #   benchmarks/flower_deployment.sh [output directory]      (default: a fresh temporary directory)
 #
+# ENGINES="deployment" runs the first part only (tests/server_kit/test_flower.py does, with smaller knobs
+# in EXTRA_RUN_CONFIG, e.g. "search.final_epochs=2 pke.epochs=1"), appended to both runs' --run-config.
+#
 # Needs the [flower] extra (flwr, ray). Nothing is read from or written to ~/.flwr: FLWR_HOME is a directory
 # of the run; ports are free ones picked at start. Every process it starts is stopped on exit (by its
 # process group). Output recorded in benchmarks/results/flower_deployment.txt.
@@ -21,6 +24,8 @@ export FLWR_HOME="$OUT/flwr-home"
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 RAY_USAGE_STATS_ENABLED=0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1  # the app runs in this environment: install nothing
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+ENGINES=${ENGINES:-deployment simulation}
+EXTRA_RUN_CONFIG=${EXTRA_RUN_CONFIG:-}
 mkdir -p "$FLWR_HOME"
 
 # 4 free ports: the SuperLink's (Flower 1.42 serves its Fleet, Control and Runtime APIs over one HTTP
@@ -81,7 +86,7 @@ for k in 0 1; do
     --host 127.0.0.1 --port "${!port_var}" --node-config "partition-id=$k num-partitions=2 work-dir='$OUT/node$k'"
 done
 flwr run . localhost --stream \
-  --run-config "num_clients=2 out_dir='$OUT/deploy' wait_nodes_s=120.0 personalize=true" \
+  --run-config "num_clients=2 out_dir='$OUT/deploy' wait_nodes_s=120.0 personalize=true $EXTRA_RUN_CONFIG" \
   2>&1 | tee "$OUT/flwr_run_deploy.log"
 t1=$(date +%s.%N)
 test -s "$OUT/deploy/server/global.onnx" || { echo "the round wrote no global.onnx" >&2; exit 1; }
@@ -94,13 +99,14 @@ echo "deployment round: $("$PY" -c "print(round($t1 - $t0, 1))") s from the firs
 import json; r = json.load(open('$OUT/deploy/flower_results.json'))
 print('global accuracy', r['global_accuracy'], '| clients', [c['name'] for c in r['clients']], '| refused', r['refused'], '| packages', r['packages'])
 print('seconds', r['seconds'])"
+[[ " $ENGINES " == *" simulation "* ]] || exit 0
 
 echo "== simulation engine: SuperLink --simulation, 2 virtual SuperNodes, out $OUT/simulation"
 t2=$(date +%s.%N)
 start superlink_sim flower-superlink --insecure --simulation --isolation subprocess --database "$OUT/superlink_sim.db" \
   --host 127.0.0.1 --port "$SIM_LINK" --disable-runtime-dependency-installation
 wait_port "$SIM_LINK" superlink_sim
-flwr run . localsim --stream --run-config "num_clients=2 out_dir='$OUT/simulation'" \
+flwr run . localsim --stream --run-config "num_clients=2 out_dir='$OUT/simulation' $EXTRA_RUN_CONFIG" \
   --federation-config "num-supernodes=2" 2>&1 | tee "$OUT/flwr_run_simulation.log"
 t3=$(date +%s.%N)
 test -s "$OUT/simulation/server/global.onnx" || { echo "the simulation wrote no global.onnx" >&2; exit 1; }

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -103,6 +107,32 @@ def test_the_simulation_engine_reproduces_simulate(tmp_path, monkeypatch):
     for name in results["packages"]:
         package = read_package(fed.out_dir / "packages" / f"{name}.package")
         package.check_for(read_bundle(fed.out_dir / "clients" / f"{name}.bundle").model_onnx)
+
+
+def test_the_deployment_engine_round_on_localhost(tmp_path):
+    """Real processes: a SuperLink and two SuperNodes (insecure) on localhost, `flwr run` of this checkout;
+    the round writes global.onnx and each device keeps the package of the second message
+    (benchmarks/flower_deployment.sh, its deployment part, with small knobs)."""
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "flower-superlink").is_file() or shutil.which("setsid") is None:
+        pytest.fail(f"the [flower] extra's commands must be in {bin_dir} and setsid on PATH")
+    small = (
+        "search.final_epochs=2 aggregate.inversion.samples_per_teacher=50 aggregate.inversion.steps=5 "
+        "aggregate.distill.epochs=2 pke.epochs=1 pke.max_inputs=64"
+    )
+    env = {**os.environ, "BIN": str(bin_dir), "ENGINES": "deployment", "EXTRA_RUN_CONFIG": small}
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "flower_deployment.sh"), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "deploy" / flower_server.RESULTS_FILE).read_text())
+    assert [c["name"] for c in results["clients"]] == ["client_00", "client_01"] and results["refused"] == []
+    assert results["packages"] == ["client_00", "client_01"]
+    assert 0.0 <= results["global_accuracy"] <= 1.0
+    for k in (0, 1):
+        package = read_package(tmp_path / f"node{k}" / flower_client.PACKAGE_FILE)
+        package.check_for(read_bundle(tmp_path / "deploy" / "clients" / f"client_0{k}.bundle").model_onnx)
 
 
 # ---------------------------------------------------------------------------------- the reply check
