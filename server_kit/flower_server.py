@@ -59,6 +59,7 @@ from server_kit.simulate import SimulateConfig, plan_clients
 __all__ = [
     "DEFAULT_MAX_BUNDLE_BYTES",
     "RESULTS_FILE",
+    "FlowerResult",
     "FlowerServerConfig",
     "Refusal",
     "app",
