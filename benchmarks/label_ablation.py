@@ -44,7 +44,7 @@ from server_kit.aggregate import (
     train_global,
 )
 from server_kit.labels import class_shares, held_classes
-from server_kit.teachers import load_teachers
+from server_kit.teachers import read_uploads, teachers_from_bundles
 
 SECTIONS = ("labels", "inversion", "generator", "distill", "adversarial")
 
@@ -146,8 +146,8 @@ def main() -> None:
     rows: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
 
     paths = args.bundles or sorted(glob.glob(str(run / "clients" / "client_*.bundle")))
-    classifier_paths, decoders = split_kinds(paths)  # cvae_decoder bundles feed the decoder source
-    teachers, _ = load_teachers(classifier_paths)
+    classifiers, decoders = split_kinds(read_uploads(paths))  # cvae_decoder bundles feed the decoder source
+    teachers = teachers_from_bundles(classifiers, skipped=[])
     fed = Federation.from_teachers(teachers, torch.device("cpu"), decoders)
     test = load_client_data(run / "data" / "test.npz")
     x_test, y_test = to_float(test.x), test.y
@@ -175,7 +175,7 @@ def main() -> None:
             tag = "synth_" + hashlib.sha256(key.encode()).hexdigest()[:12]
             # the inversion chunks depend on the bundles, the inversion config and the seed only: one
             # directory for them, linked into every synthesis that shares them
-            inv_key = json.dumps([classifier_paths, config.inversion.to_dict(), config.seed])
+            inv_key = json.dumps([[str(p) for p, _ in classifiers], config.inversion.to_dict(), config.seed])
             chunks = work / ("inversion_" + hashlib.sha256(inv_key.encode()).hexdigest()[:12])
             chunks.mkdir(parents=True, exist_ok=True)
             (work / tag).mkdir(parents=True, exist_ok=True)

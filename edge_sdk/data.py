@@ -36,6 +36,7 @@ __all__ = [
     "SCHEME",
     "ArrayDataset",
     "PartitionResult",
+    "client_datasets",
     "client_name",
     "data_sha256",
     "dirichlet_partition",
@@ -465,6 +466,34 @@ def partition_settings(
     }
 
 
+def client_datasets(
+    dataset: str,
+    data_root: str | Path | None,
+    *,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    min_size: int = 10,
+    download: bool = False,
+) -> list[ArrayDataset]:
+    """Every client's split of the dataset's train split, in memory: what :func:`partition` writes to
+    ``client_*.npz`` (the same settings give the same tensors), for a node that partitions for itself
+    (a Flower SuperNode given only its ``partition-id``)."""
+    settings = partition_settings(dataset, num_clients=num_clients, alpha=alpha, seed=seed, min_size=min_size)
+    return _split(load_dataset(settings["dataset"], data_root, split="train", download=download), settings)
+
+
+def _split(train: ArrayDataset, settings: dict[str, Any]) -> list[ArrayDataset]:
+    parts = dirichlet_partition(
+        train.y.numpy(),
+        settings["num_clients"],
+        settings["alpha"],
+        settings["seed"],
+        min_size=settings["min_size"],
+    )
+    return [train.subset(idx) for idx in parts]
+
+
 def partition(
     dataset: str,
     data_root: str | Path | None,
@@ -484,16 +513,14 @@ def partition(
     ``partition.json`` exists is complete. Stale ``client_*.npz`` files of an earlier run are removed.
     """
     settings = partition_settings(dataset, num_clients=num_clients, alpha=alpha, seed=seed, min_size=min_size)
-    key, num_clients, alpha = settings["dataset"], settings["num_clients"], settings["alpha"]
-    seed, min_size = settings["seed"], settings["min_size"]
+    key, num_clients = settings["dataset"], settings["num_clients"]
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out_dir must be a directory, got the file {out}")
 
     train = load_dataset(key, data_root, split="train", download=download)
     test = load_dataset(key, data_root, split="test", download=download)
-    parts = dirichlet_partition(train.y.numpy(), num_clients, alpha, seed, min_size=min_size)
-    clients = [train.subset(idx) for idx in parts]
+    clients = _split(train, settings)
     histogram = tuple(tuple(c.label_counts()) for c in clients)
     names = [f"{client_name(i, num_clients)}.npz" for i in range(num_clients)]
 

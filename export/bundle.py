@@ -47,6 +47,7 @@ from export.wire import (
 
 __all__ = [
     "KINDS",
+    "MAX_BUNDLE_BYTES",
     "MAX_CLASSES",
     "MAX_MODEL_BYTES",
     "MAX_STRING_BYTES",
@@ -67,8 +68,8 @@ MAX_MODEL_BYTES = 1 << 30  # 1 GiB of ONNX
 MAX_STRING_BYTES = 10_000  # any str in the bundle, keys included
 MAX_MAP_ENTRIES = 1_000  # profile / metrics entries
 MAX_SEED = 2**64 - 1
-# The whole file: the model, the label counts (<= 9 bytes each) and the small maps.
-_MAX_FILE_BYTES = MAX_MODEL_BYTES + 9 * MAX_CLASSES + (1 << 24)
+# The whole file (or bytes from a device): the model, the label counts (<= 9 bytes each) and the small maps.
+MAX_BUNDLE_BYTES = MAX_MODEL_BYTES + 9 * MAX_CLASSES + (1 << 24)
 
 _SCALARS = (str, int, float, bool, type(None))
 _REQUIRED_KEYS = frozenset(
@@ -307,8 +308,8 @@ def client_names(paths: Sequence[str | Path]) -> list[str]:
 def _read(path: Path) -> bytes:
     try:
         size = path.stat().st_size
-        if size > _MAX_FILE_BYTES:
-            raise BundleError(f"{path}: {size} bytes is larger than any valid bundle ({_MAX_FILE_BYTES})")
+        if size > MAX_BUNDLE_BYTES:
+            raise BundleError(f"{path}: {size} bytes is larger than any valid bundle ({MAX_BUNDLE_BYTES})")
         return path.read_bytes()
     except OSError as err:
         raise BundleError(f"cannot read bundle {path}: {err}") from err
@@ -319,7 +320,7 @@ def _decode(data: bytes, source: str) -> dict[str, Any]:
         data,
         source=source,
         what="bundle",
-        max_bytes=_MAX_FILE_BYTES,
+        max_bytes=MAX_BUNDLE_BYTES,
         max_bin=MAX_MODEL_BYTES,
         max_str=MAX_STRING_BYTES,
         max_array=MAX_CLASSES,

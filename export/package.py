@@ -36,6 +36,7 @@ from export.onnx_check import check_classifier_onnx, check_decoder_onnx
 from export.wire import MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_INPUT_ELEMENTS, unpack_map
 
 __all__ = [
+    "MAX_PACKAGE_BYTES",
     "PACKAGE_KIND",
     "PACKAGE_SCHEMA_VERSION",
     "Package",
@@ -47,7 +48,7 @@ __all__ = [
 
 PACKAGE_SCHEMA_VERSION = 1
 PACKAGE_KIND = "personalization"
-_MAX_FILE_BYTES = 4 << 30  # models + images + knowledge
+MAX_PACKAGE_BYTES = 4 << 30  # models + images + knowledge
 _MAX_BIN = 2 << 30
 _MAX_STR = 10_000
 _MAX_ENTRIES = 1_000
@@ -183,7 +184,7 @@ def package_from_bytes(data: bytes, *, source: str = "<bytes>") -> Package:
         data,
         source=source,
         what="package",
-        max_bytes=_MAX_FILE_BYTES,
+        max_bytes=MAX_PACKAGE_BYTES,
         max_bin=_MAX_BIN,
         max_str=_MAX_STR,
         max_array=_MAX_ENTRIES,

@@ -47,7 +47,7 @@ from edge_sdk.precision import autocast, check_precision, resolve_precision
 from edge_sdk.profiling import allowed_cores, usable_threads
 from edge_sdk.train import release_memory
 from export.atomic import atomic_write_bytes, atomic_write_json
-from export.bundle import read_bundle
+from export.bundle import Bundle
 from export.onnx_export import export_onnx
 from server_kit.adversarial import AdversarialConfig, adversarial_distill
 from server_kit.decoders import check_temperature, filter_by_centroid, load_decoder, sample_decoders
@@ -60,7 +60,7 @@ from server_kit.grid import write_grid
 from server_kit.inversion import InversionConfig, SyntheticSet, synthesize_inversion
 from server_kit.labels import LabelConfig, Labels, label_synthetic
 from server_kit.parallel import teacher_workers
-from server_kit.teachers import Teacher, load_teachers
+from server_kit.teachers import Teacher, Uploads, read_uploads, teachers_from_bundles
 from server_kit.trust import verify_claims, verify_decoders
 
 __all__ = [
@@ -336,7 +336,7 @@ def _student_spec(text: str, num_classes: int) -> str:
 
 
 def aggregate(
-    bundle_paths: Sequence[str | Path],
+    bundle_paths: Uploads,
     out_dir: str | Path,
     *,
     config: AggregateConfig,
@@ -345,9 +345,11 @@ def aggregate(
 ) -> AggregateResult:
     """Run the server side end to end and write its outputs into ``out_dir`` (see the module docstring).
 
-    Bad bundles stop the run or are skipped with their reason (``config.on_error``); bundles that disagree
-    on num_classes / input_shape with the majority are refused. ``eval_data`` (uint8 images, the global
-    test set) is used only to report the accuracy of the written ``global.onnx``.
+    ``bundle_paths``: bundle files, or name -> bytes (bundles that arrived over a network, a Flower reply),
+    each held to the checks of a bundle file (:func:`server_kit.teachers.read_uploads`) and named in the
+    report by its name. Bad bundles stop the run or are skipped with their reason (``config.on_error``);
+    bundles that disagree on num_classes / input_shape with the majority are refused. ``eval_data`` (uint8
+    images, the global test set) is used only to report the accuracy of the written ``global.onnx``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -358,7 +360,7 @@ def aggregate(
     workers = config.threads or min(previous_threads, allowed_cores())
     try:
         with teacher_workers(workers):
-            return _run(list(bundle_paths), out, config, eval_data, progress)
+            return _run(bundle_paths, out, config, eval_data, progress)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -757,7 +759,7 @@ def train_global(
 
 
 def _run(
-    bundle_paths: list[str | Path],
+    bundle_paths: Uploads,
     out: Path,
     config: AggregateConfig,
     eval_data: ArrayDataset | None,
@@ -769,8 +771,12 @@ def _run(
     wall = time.perf_counter()
 
     with timed(seconds, "load"):
-        classifier_paths, decoder_bundles = split_kinds(bundle_paths)
-        teachers, skipped = load_teachers(classifier_paths, on_error=config.on_error, device=device)
+        skipped: list[tuple[str, str]] = []
+        uploads = read_uploads(bundle_paths, on_error=config.on_error, skipped=skipped)
+        classifiers, decoder_bundles = split_kinds(uploads)
+        teachers = teachers_from_bundles(
+            classifiers, on_error=config.on_error, device=device, skipped=skipped, count=len(bundle_paths)
+        )
         teachers, decoder_bundles = _usable(teachers, decoder_bundles, config, device, skipped)
         fed = Federation.from_teachers(teachers, device, decoder_bundles)
         if eval_data is not None and (
@@ -952,24 +958,12 @@ def _probe_teacher(module: torch.nn.Module, x: Tensor, num_classes: int, device:
         raise TeacherError("passes no finite gradient to its input, which inversion needs")
 
 
-def split_kinds(paths: Sequence[str | Path]) -> tuple[list[str | Path], list[tuple[Path, Any]]]:
-    """Classifier bundle paths (teachers) and the (path, Bundle) pairs of the cvae_decoder bundles.
-
-    Unreadable files go with the classifiers, so the teacher loader reports them by its on_error rule.
-    """
-
-    classifiers: list[str | Path] = []
-    decoders: list[tuple[Path, Any]] = []
-    for path in paths:
-        try:
-            bundle = read_bundle(path)
-        except BundleError:
-            classifiers.append(path)
-            continue
-        if bundle.kind == "cvae_decoder":
-            decoders.append((Path(path), bundle))
-        else:
-            classifiers.append(path)
+def split_kinds(
+    bundles: Sequence[tuple[Path, Bundle]],
+) -> tuple[list[tuple[Path, Bundle]], list[tuple[Path, Any]]]:
+    """The (name, Bundle) pairs of the classifiers (teachers) and of the cvae_decoder bundles, in order."""
+    classifiers = [(path, bundle) for path, bundle in bundles if bundle.kind != "cvae_decoder"]
+    decoders = [(path, bundle) for path, bundle in bundles if bundle.kind == "cvae_decoder"]
     return classifiers, decoders
 
 

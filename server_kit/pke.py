@@ -30,6 +30,7 @@ from common.checks import check_number
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import fit_terms
+from common.seeding import seeded
 from common.timing import timed
 from edge_sdk.arch import build_model
 from export.atomic import atomic_write_json
@@ -38,7 +39,7 @@ from export.onnx_export import read_metadata
 from export.package import Package, write_package
 from export.weights import initializer_state_dict
 from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
-from server_kit.teachers import load_teachers
+from server_kit.teachers import Uploads, load_teachers
 
 __all__ = ["PKEConfig", "PKEResult", "extractor_names", "personalize_server", "train_server_models"]
 
@@ -108,6 +109,26 @@ def train_server_models(
     optimizers = [torch.optim.Adam(m.to(device).parameters(), lr=config.lr) for m in models]
     curves: list[list[float]] = [[] for _ in models]
     bar = tqdm(total=config.epochs * len(models), desc="PKE", unit="model-epoch", disable=not progress)
+    with seeded(config.seed, device):  # the Dropout stream: the same knowledge on every run
+        _train_epochs(models, optimizers, names, x, knowledge, gen, config, curves, bar)
+    bar.close()
+    for model in models:
+        model.eval()
+    return curves
+
+
+def _train_epochs(
+    models: Sequence[nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
+    names: list[str],
+    x: Tensor,
+    knowledge: Sequence[Tensor],
+    gen: torch.Generator,
+    config: PKEConfig,
+    curves: list[list[float]],
+    bar: tqdm,
+) -> None:
+    device = x.device
     for _ in range(config.epochs):
         with torch.no_grad():
             params = [dict(m.named_parameters()) for m in models]
@@ -132,10 +153,6 @@ def train_server_models(
             )  # fmt: skip
             curves[n].append(epoch[0]["l1"])
             bar.update(1)
-    bar.close()
-    for model in models:
-        model.eval()
-    return curves
 
 
 @torch.no_grad()
@@ -145,7 +162,7 @@ def _logits(module: nn.Module, x: Tensor, batch_size: int = 512) -> Tensor:
 
 
 def personalize_server(
-    bundle_paths: Sequence[str | Path],
+    bundle_paths: Uploads,
     aggregate_dir: str | Path,
     out_dir: str | Path,
     *,
@@ -154,8 +171,10 @@ def personalize_server(
 ) -> PKEResult:
     """PKE for every classifier bundle; writes ``<client>.package`` per client and ``pke_report.json``.
 
-    ``<client>`` is the bundle's stem, made unique by :func:`export.bundle.client_names` (checked before
-    anything is read or written), and is the package's ``client``.
+    ``bundle_paths``: the bundle files, or name -> bytes (bundles that arrived as bytes, held to the checks
+    of a file, :func:`server_kit.teachers.read_uploads`). ``<client>`` is the stem of the file (the name),
+    made unique by :func:`export.bundle.client_names` (checked before anything is read or written), and is
+    the package's ``client``.
 
     ``aggregate_dir`` is a ``server-kit aggregate`` output (``global.onnx``, ``synthetic.npz``, and
     ``generator/generator.onnx`` when the generator was a synthesis source).
@@ -165,9 +184,8 @@ def personalize_server(
     for path in (global_path, synthetic_path):
         if not path.is_file():
             raise DataError(f"{path} not found; pass the output directory of `server-kit aggregate`")
-    names = {
-        Path(p).resolve(): name for p, name in zip(bundle_paths, client_names(bundle_paths), strict=True)
-    }
+    sources = list(bundle_paths)  # the paths, or the names of the bytes
+    names = {Path(p).resolve(): name for p, name in zip(sources, client_names(sources), strict=True)}
     seconds: dict[str, float] = {}
     with timed(seconds, "load"):
         teachers, skipped = load_teachers(bundle_paths, device=config.device)

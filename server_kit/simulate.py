@@ -45,7 +45,7 @@ from common.errors import ConfigError
 from common.timing import timed
 from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
 from edge_sdk.cvae import CVAEConfig
-from edge_sdk.data import client_name, load_client_data, partition, partition_settings
+from edge_sdk.data import ArrayDataset, client_name, load_client_data, partition, partition_settings
 from edge_sdk.precision import check_precision
 from edge_sdk.profiling import usable_threads
 from edge_sdk.roles import resolve_role
@@ -72,7 +72,15 @@ from server_kit.resume import (
 )
 from server_kit.workers import worker_pool
 
-__all__ = ["RESUME_MODES", "SimulateConfig", "SimulateResult", "assign_profiles", "simulate"]
+__all__ = [
+    "RESUME_MODES",
+    "ClientPlan",
+    "SimulateConfig",
+    "SimulateResult",
+    "assign_profiles",
+    "plan_clients",
+    "simulate",
+]
 
 # what a rerun into the same out_dir does with the files of an earlier run (see the module docstring)
 RESUME_MODES = ("auto", "strict", "off")
@@ -247,11 +255,31 @@ def _client_config(config: SimulateConfig, k: int, role: str, init: Path | None)
     )
 
 
-def _roles(config: SimulateConfig, names: list[str], test_path: Path) -> list[str]:
+@dataclass(frozen=True)
+class ClientPlan:
+    """What every client of a federation runs: its profile name, its settings (seed ``seed + k``, its
+    resolved role, the shared initial weights when it trains a classifier) and the initial-weights file
+    (None when there is none). :func:`simulate` and the Flower ServerApp send the same plan."""
+
+    profiles: tuple[str, ...]
+    configs: tuple[ClientConfig, ...]
+    init: Path | None
+
+
+def plan_clients(config: SimulateConfig, task: ArrayDataset) -> ClientPlan:
+    """The plan of ``config``'s federation on ``task`` (a data set of the task: its shape and classes);
+    writes ``out_dir/init.onnx`` when the clients share initial weights (:func:`_shared_init`)."""
+    names = assign_profiles(config.num_clients, config.profiles, config.profile_map)
+    roles = _roles(config, names, task)
+    init = _shared_init(config, roles, task)
+    configs = tuple(_client_config(config, k, roles[k], init) for k in range(config.num_clients))
+    return ClientPlan(tuple(names), configs, init)
+
+
+def _roles(config: SimulateConfig, names: list[str], task: ArrayDataset) -> list[str]:
     """Each client's role as `edge-sdk run --role auto` resolves it on its profile (classifier, cvae or
     both), with ``both`` made ``classifier`` when ``config.decoders`` is off."""
 
-    task = load_client_data(test_path)
     roles = []
     for name in names:
         role = resolve_role(
@@ -261,7 +289,7 @@ def _roles(config: SimulateConfig, names: list[str], test_path: Path) -> list[st
     return roles
 
 
-def _shared_init(config: SimulateConfig, roles: list[str], test_path: Path) -> Path | None:
+def _shared_init(config: SimulateConfig, roles: list[str], task: ArrayDataset) -> Path | None:
     """``out_dir/init.onnx``, the server's initial weights of the one architecture every classifier client
     trains (strategy ``fixed``), or None (``shared_init`` off, a search, or no classifier client).
     Written on every run: its bytes are a function of the arch, the task and the seed, so a resume finds
@@ -270,7 +298,6 @@ def _shared_init(config: SimulateConfig, roles: list[str], test_path: Path) -> P
     if not config.shared_init or not isinstance(config.search, FixedConfig) or set(roles) <= {"cvae"}:
         return None
     path = config.out_dir / "init.onnx"
-    task = load_client_data(test_path)
     return write_initial_weights(
         path, config.search.fixed_arch, task.input_shape, task.num_classes, seed=config.seed
     )
@@ -416,7 +443,7 @@ def simulate(config: SimulateConfig) -> SimulateResult:
     """Run the federation, write ``out_dir/results.json`` and return what it holds."""
 
     out = config.out_dir
-    names = assign_profiles(config.num_clients, config.profiles, config.profile_map)
+    assign_profiles(config.num_clients, config.profiles, config.profile_map)  # a bad name fails first
     seconds: dict[str, float] = {}
     started_at = time.time()  # phases follow in the order of ``seconds`` (benchmarks/speed.py)
     wall = time.perf_counter()
@@ -447,9 +474,8 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         client_dir = out / "clients"
         client_dir.mkdir(parents=True, exist_ok=True)
         bundles = [client_dir / f"{name}.bundle" for name in names_on_disk]
-        roles = _roles(config, names, out / "data" / "test.npz")
-        init = _shared_init(config, roles, out / "data" / "test.npz")
-        client_configs = [_client_config(config, k, roles[k], init) for k in range(config.num_clients)]
+        plan = plan_clients(config, load_client_data(out / "data" / "test.npz"))
+        names, client_configs = list(plan.profiles), list(plan.configs)
         verdicts = [
             Verdict(False, "--resume off")
             if config.resume == "off"

@@ -16,7 +16,7 @@ fails it is rebuilt, converted or run. A teacher with an unknown output (FedOV) 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from common.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
 from edge_sdk.arch import build_model
-from export.bundle import KINDS, Bundle, read_bundle
+from export.bundle import KINDS, Bundle, bundle_from_bytes, read_bundle
 from export.onnx_check import check_classifier_onnx
 from export.onnx_export import onnx_session
 from export.weights import initializer_state_dict
@@ -35,12 +35,15 @@ from server_kit.onnx_convert import convert_onnx
 
 __all__ = [
     "Teacher",
+    "Uploads",
     "batch_statistics_gap",
     "batchnorm_layers",
     "classifier_weight",
     "load_teacher",
     "load_teachers",
+    "read_uploads",
     "rebuild_teacher",
+    "teachers_from_bundles",
 ]
 
 PARITY_BATCH = 4
@@ -162,56 +165,109 @@ def _check_parity(module: nn.Module, bundle: Bundle, device: torch.device, atol:
     return diff
 
 
+# What the server reads uploads from: bundle files, or bundles that arrived as bytes (a Flower reply), each
+# under a name that stands in for its file name in every message and report (``client_00.bundle``)
+Uploads = Sequence[str | Path] | Mapping[str, bytes]
+
+
+def read_uploads(
+    uploads: Uploads, *, on_error: str = "stop", skipped: list[tuple[str, str]] | None = None
+) -> list[tuple[Path, Bundle]]:
+    """Every upload decoded once, in order, as (name, Bundle): a path with :func:`export.bundle.read_bundle`,
+    a name -> bytes entry with :func:`export.bundle.bundle_from_bytes`, which is what ``read_bundle`` runs
+    on the file's bytes (size bound before any parsing, bounded msgpack, hash, every field), so bytes from
+    a device are held to exactly the checks of a bundle file.
+
+    ``on_error="stop"`` raises the first BundleError (it names the upload); ``"skip"`` appends (name,
+    reason) to ``skipped`` and goes on.
+    """
+    _check_on_error(on_error)
+    if isinstance(uploads, str | Path):
+        uploads = [uploads]
+    if isinstance(uploads, Mapping):
+        items: list[tuple[Path, bytes | None]] = []
+        for name, data in uploads.items():
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"an upload's name must be a non-empty str, got {name!r}")
+            items.append((Path(name), data))
+    else:
+        items = [(Path(path), None) for path in uploads]
+    if not items:
+        raise ConfigError("uploads must hold at least one bundle (paths, or name -> bytes), got none")
+    out = []
+    for path, data in items:
+        try:
+            bundle = read_bundle(path) if data is None else bundle_from_bytes(data, source=str(path))
+        except BundleError as err:
+            if on_error == "stop":
+                raise
+            if skipped is not None:
+                skipped.append((str(path), str(err)))
+            continue
+        out.append((path, bundle))
+    return out
+
+
 def load_teachers(
-    paths: Sequence[str | Path],
+    uploads: Uploads,
     *,
     on_error: str = "stop",
     device: str | torch.device = "cpu",
     kinds: Sequence[str] = ("classifier",),
 ) -> tuple[list[Teacher], list[tuple[str, str]]]:
-    """Load every bundle in ``paths`` as a teacher; returns (teachers, skipped as (path, reason)).
+    """Load every bundle in ``uploads`` (paths, or name -> bytes) as a teacher; returns (teachers, skipped
+    as (name, reason)). :func:`read_uploads`, then :func:`teachers_from_bundles`."""
+    _check_on_error(on_error)
+    skipped: list[tuple[str, str]] = []
+    bundles = read_uploads(uploads, on_error=on_error, skipped=skipped)
+    count = len(uploads) if not isinstance(uploads, str | Path) else 1
+    return teachers_from_bundles(
+        bundles, on_error=on_error, device=device, kinds=kinds, skipped=skipped, count=count
+    ), skipped
 
-    ``on_error="stop"`` raises the first BundleError / TeacherError (each names its file); ``"skip"``
-    records it in ``skipped`` and goes on. Bundles whose kind is not in ``kinds`` are always skipped with
-    a reason. All teachers must agree on num_classes and input_shape: the most common pair wins (ties: the
-    earliest file) and each disagreeing file is an error. Raises TeacherError when no teacher is left.
+
+def teachers_from_bundles(
+    bundles: Sequence[tuple[Path, Bundle]],
+    *,
+    on_error: str = "stop",
+    device: str | torch.device = "cpu",
+    kinds: Sequence[str] = ("classifier",),
+    skipped: list[tuple[str, str]],
+    count: int | None = None,
+) -> list[Teacher]:
+    """The teachers of bundles already read (:func:`read_uploads`); refusals go to ``skipped``.
+
+    ``on_error="stop"`` raises the first TeacherError (each names its file); ``"skip"`` records it in
+    ``skipped`` and goes on. Bundles whose kind is not in ``kinds`` are always skipped with a reason. All
+    teachers must agree on num_classes and input_shape: the most common pair wins (ties: the earliest file)
+    and each disagreeing file is an error. Raises TeacherError when no teacher is left (``count``: how many
+    uploads there were, for that message).
     """
-    if on_error not in ("stop", "skip"):
-        raise ConfigError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
-    if isinstance(paths, str | Path):
-        paths = [paths]
-    if not paths:
-        raise ConfigError("paths must name at least one bundle, got none")
+    _check_on_error(on_error)
     bad_kinds = sorted(set(kinds) - set(KINDS))
     if bad_kinds:
         raise ConfigError(f"kinds must be drawn from {list(KINDS)}, got {bad_kinds}")
-    skipped: list[tuple[str, str]] = []
 
     def fail(path: str | Path, err: BundleError | TeacherError) -> None:
         if on_error == "stop":
             raise err
         skipped.append((str(path), str(err)))
 
-    bundles: list[tuple[str | Path, Bundle]] = []
-    for path in paths:
-        try:
-            bundle = read_bundle(path)
-        except BundleError as err:
-            fail(path, err)
-            continue
+    kept: list[tuple[Path, Bundle]] = []
+    for path, bundle in bundles:
         if bundle.kind not in kinds:
             reason = f"kind {bundle.kind!r} is not a classifier teacher (teacher kinds: {list(kinds)})"
             skipped.append((str(path), reason))
             continue
-        bundles.append((path, bundle))
+        kept.append((path, bundle))
 
     # agreement first: it is cheap, and conversion plus parity is not
-    shapes = Counter((b.num_classes, b.input_shape) for _, b in bundles)
+    shapes = Counter((b.num_classes, b.input_shape) for _, b in kept)
     if shapes:
         reference = max(shapes, key=lambda key: shapes[key])  # first maximal key = earliest file on ties
-        ref_path = next(p for p, b in bundles if (b.num_classes, b.input_shape) == reference)
+        ref_path = next(p for p, b in kept if (b.num_classes, b.input_shape) == reference)
         agreeing = []
-        for path, bundle in bundles:
+        for path, bundle in kept:
             if (bundle.num_classes, bundle.input_shape) == reference:
                 agreeing.append((path, bundle))
                 continue
@@ -223,18 +279,24 @@ def load_teachers(
                     "only bundles trained for the same task"
                 ),
             )
-        bundles = agreeing
+        kept = agreeing
 
     teachers = []
-    for path, bundle in bundles:
+    for path, bundle in kept:
         try:
             teachers.append(load_teacher(bundle, path=path, device=device))
         except TeacherError as err:
             fail(path, err)
     if not teachers:
         reasons = "; ".join(f"{p}: {r}" for p, r in skipped)
-        raise TeacherError(f"no teacher could be loaded from {len(paths)} bundle(s): {reasons}")
-    return teachers, skipped
+        total = len(bundles) if count is None else count
+        raise TeacherError(f"no teacher could be loaded from {total} bundle(s): {reasons}")
+    return teachers
+
+
+def _check_on_error(on_error: str) -> None:
+    if on_error not in ("stop", "skip"):
+        raise ConfigError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
 
 
 def classifier_weight(module: nn.Module) -> torch.Tensor:

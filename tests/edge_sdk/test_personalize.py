@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -127,6 +128,18 @@ def test_bundles_with_the_same_file_name_get_distinct_packages(capsys, federatio
     with pytest.raises(ConfigError, match="more than once"):
         personalize_server([same[0], same[0]], tmp / "server", tmp / "twice", config=PKEConfig(epochs=1))
     assert not (tmp / "twice").exists()
+
+
+def test_bundles_as_bytes_give_the_same_packages(federation, bundles):  # noqa: F811
+    """name -> bytes (a Flower reply) makes the packages the files make, named after the names."""
+    tmp, result, _ = federation
+    uploads = {Path(path).name: Path(path).read_bytes() for path in bundles}
+    again = personalize_server(
+        uploads, tmp / "server", tmp / "from_bytes", config=PKEConfig(epochs=1, batch_size=8, max_inputs=16)
+    )
+    assert [p.name for p in again.packages] == [p.name for p in result.packages]
+    for ours, theirs in zip(again.packages, result.packages, strict=True):
+        assert ours.read_bytes() == theirs.read_bytes()
 
 
 @pytest.mark.parametrize("method", ["finetune", "pkt", "kdg"])

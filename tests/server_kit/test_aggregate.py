@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
-from common.errors import ConfigError, TeacherError
+from common.errors import BundleError, ConfigError, TeacherError
 from edge_sdk.arch import build_model
 from edge_sdk.data import ArrayDataset
 from export.bundle import Bundle, write_bundle
@@ -18,7 +19,7 @@ from server_kit.aggregate import SYNTHETIC_FILE, AggregateConfig, aggregate, loa
 from server_kit.distill import DistillConfig
 from server_kit.inversion import InversionConfig
 from server_kit.labels import LabelConfig
-from server_kit.teachers import load_teachers
+from server_kit.teachers import teachers_from_bundles
 
 SHAPE = (1, 8, 8)
 L = 3
@@ -270,14 +271,33 @@ def test_the_run_probes_every_teacher_before_any_phase(tmp_path, bundles, monkey
     """Whatever the loader lets through, the run charges a failing teacher to its bundle up front."""
     import server_kit.aggregate as agg
 
-    def load(paths, **kwargs):
-        teachers, skipped = load_teachers(paths, **kwargs)
+    def load(bundles, **kwargs):
+        teachers = teachers_from_bundles(bundles, **kwargs)
         broken = dataclasses.replace(teachers[1], module=_Broken(teachers[1].module, mode))
-        return [teachers[0], broken, *teachers[2:]], skipped
+        return [teachers[0], broken, *teachers[2:]]
 
-    monkeypatch.setattr(agg, "load_teachers", load)
+    monkeypatch.setattr(agg, "teachers_from_bundles", load)
     with pytest.raises(TeacherError, match=r"client_1\.bundle: " + reason):
         aggregate(bundles, tmp_path / "stop", config=tiny_config())
     result = aggregate(bundles, tmp_path / "skip", config=tiny_config(on_error="skip"))
     assert [s["file"] for s in result.report["skipped"]] == [bundles[1]]
+    assert [t["arch"] for t in result.report["teachers"]] == [SPECS[0], SPECS[2]]
+
+
+def test_bundles_as_bytes_give_the_files_result_and_are_checked_like_files(tmp_path, bundles):
+    """name -> bytes (a Flower reply) is the same run as the files; a corrupt entry is refused by name."""
+    from_files = aggregate(bundles, tmp_path / "files", config=tiny_config())
+    uploads = {Path(path).name: Path(path).read_bytes() for path in bundles}
+    from_bytes = aggregate(uploads, tmp_path / "bytes", config=tiny_config())
+    assert from_bytes.global_onnx.read_bytes() == from_files.global_onnx.read_bytes()
+    assert [t["file"] for t in from_bytes.report["teachers"]] == list(uploads)
+
+    corrupt = bytearray(uploads["client_1.bundle"])
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    hostile = {**uploads, "client_1.bundle": bytes(corrupt), "junk.bundle": b"\x00" * 64}
+    with pytest.raises(BundleError, match=r"client_1\.bundle"):
+        aggregate(hostile, tmp_path / "stop", config=tiny_config())
+    result = aggregate(hostile, tmp_path / "skip", config=tiny_config(on_error="skip"))
+    assert [s["file"] for s in result.report["skipped"]] == ["client_1.bundle", "junk.bundle"]
+    assert "sha256 mismatch" in result.report["skipped"][0]["reason"]
     assert [t["arch"] for t in result.report["teachers"]] == [SPECS[0], SPECS[2]]
