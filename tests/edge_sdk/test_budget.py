@@ -22,6 +22,8 @@ from edge_sdk.client import ClientConfig, resume_key, run_client
 from edge_sdk.data import ArrayDataset, load_dataset, save_client_data
 from edge_sdk.final_training import train_final
 from edge_sdk.search import SearchResult, search
+from edge_sdk.shared_init import initial_weights
+from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.evolution import EvolutionConfig
 from edge_sdk.strategies.pso import PSOConfig
 from export.bundle import read_bundle
@@ -165,6 +167,20 @@ def test_run_client_records_where_the_budget_cut(tmp_path: Path) -> None:
     assert resume_key(config, data, profile) != resume_key(
         ClientConfig(search=search_config, seed=0, role="classifier"), data, profile
     )
+
+
+def test_training_from_shared_weights_stops_at_the_deadline(tmp_path: Path) -> None:
+    init = tmp_path / "init.onnx"
+    init.write_bytes(initial_weights("C8k3-P-C16k3-P-F10", (1, 8, 8), 10, seed=7))
+    search_config = FixedConfig(fixed_arch="C8k3-P-C16k3-P-F10", final_epochs=5)
+    config = ClientConfig(init=str(init), search=search_config, role="classifier", time_budget_s=4.0)
+    data = load_dataset("digits").subset(np.arange(300))
+    out = tmp_path / "c.bundle"
+    run_client(data, profile=load_profile("laptop-cpu"), config=config, out=out, clock=Ticking())
+    # the budget starts at 1 (ends 5), the train phase at 2; asked after epochs 1, 2, 3: 3, 4, then 5 stops
+    budget = json.loads(out.with_name(out.name + ".report.json").read_text())["budget"]
+    assert (budget["stopped"], budget["final_epochs"], budget["search_share_s"]) == ("train", [3, 5], 0.0)
+    assert read_bundle(out).metrics["final_epochs"] == 3
 
 
 @pytest.mark.parametrize("value", [0, -1.0, math.nan, math.inf, "10", True])
