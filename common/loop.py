@@ -75,6 +75,7 @@ def fit_terms(
     lone_last: str = "keep",
     desc: str = "train",
     progress: bool = False,
+    stop: Callable[[], bool] | None = None,
 ) -> list[dict[str, float]]:
     """The loop. Train for ``epochs`` of :func:`minibatches`; returns, per epoch, the mean of each named
     term over the samples of the epoch.
@@ -83,10 +84,16 @@ def fit_terms(
     optimizer steps on their sum (in the dict's order); the model and its data are the caller's. Each epoch
     draws one permutation from ``generator``, before anything ``terms_fn`` draws from it. The terms are
     summed on the device, weighted by batch size (no host sync per step), and read once at the epoch's end.
+
+    ``stop()`` (a time budget's :meth:`common.timing.Deadline.expired`) is asked after every epoch but the
+    last: True ends the training there, so the epoch during which a budget runs out is the last one and
+    at least one epoch always runs.
     """
     history: list[dict[str, float]] = []
     bar = tqdm(range(epochs), desc=desc, unit="epoch", disable=not progress, leave=False)
-    for _ in bar:
+    for epoch in bar:
+        if epoch > 0 and stop is not None and stop():
+            break
         totals: dict[str, Tensor] = {}
         seen = 0
         batches = minibatches(n, batch_size, generator=generator, device=device, lone_last=lone_last)
@@ -119,6 +126,7 @@ def fit(
     lone_last: str = "keep",
     desc: str = "train",
     progress: bool = False,
+    stop: Callable[[], bool] | None = None,
 ) -> list[float]:
     """:func:`fit_terms` with one term, ``loss_fn(idx)``: the mean loss of each epoch over its samples."""
     history = fit_terms(
@@ -132,5 +140,6 @@ def fit(
         lone_last=lone_last,
         desc=desc,
         progress=progress,
+        stop=stop,
     )
     return [epoch["loss"] for epoch in history]

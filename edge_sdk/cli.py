@@ -304,6 +304,7 @@ def cmd_run(args: argparse.Namespace) -> Output:
         cvae=cvae_config(args),
         unknown_output=args.unknown_output,
         precision=args.precision,
+        time_budget_s=args.time_budget_s,
     )
     result = run_client(data, profile=load_profile(args.profile), config=config, out=args.out)
     m = result.metrics
@@ -478,6 +479,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--init",
         help="shared initial weights from `server-kit init`: train their architecture from them, no search "
         "(refused when they do not fit the task, --fixed-arch or the profile's budget)",
+    )
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        help="seconds for the search and final training, over the profile's time_budget_s (default)",
     )
 
     p = command(

@@ -19,6 +19,16 @@ CVAE that trains in seconds. ``classifier`` uploads the classifier only.
 The report beside the bundle records the run's :func:`resume_key` (the settings of the role, the content
 hash of the data, the device's budgets, the code version): `server-kit simulate` reuses a finished client
 only when all of it matches what it would run now.
+
+Time budget: the classifier's search and final training share one :class:`common.timing.Deadline`,
+``time_budget_s`` seconds (the config's override, else the profile's) from the start of the run. The
+final training is reserved ``FINAL_TRAINING_SHARE`` of it first: the most the search's screen lets any
+candidate's estimated final training take (:func:`edge_sdk.profiling.trains_in_time`, at the profile's
+GFLOP/s), so the search gets the rest and stops starting candidates when that is spent; the final
+training gets whatever the search left and stops after the epoch during which the budget ran out (a
+finalist not yet started is skipped). The report's ``budget`` and the bundle's metrics say whether and
+where the budget cut the work; the search's ``progress`` says how much of its plan ran. The CVAE is not
+cut.
 """
 
 from __future__ import annotations
@@ -26,14 +36,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.checks import is_number
 from common.device import resolve_device
 from common.errors import BudgetError, ConfigError
 from common.seeding import derive_seed
-from common.timing import timed
+from common.timing import Clock, Deadline, timed
 from edge_sdk import __version__
 from edge_sdk.arch import family_of_text, parse_arch, with_num_classes
 from edge_sdk.artifacts import TrainedModel, bundle_cvae, bundle_model, decoder_bundle_path
@@ -42,7 +54,7 @@ from edge_sdk.data import ArrayDataset, data_sha256, split_train_val
 from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet
 from edge_sdk.final_training import train_cvae_final, train_final
 from edge_sdk.precision import check_precision, resolve_precision
-from edge_sdk.profiling import fits, profile_model, trains_in_time
+from edge_sdk.profiling import FINAL_TRAINING_SHARE, fits, profile_model, trains_in_time
 from edge_sdk.roles import CLIENT_ROLES, resolve_role
 from edge_sdk.search import SearchResult, search
 from edge_sdk.shared_init import read_initial_weights
@@ -61,7 +73,7 @@ FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epo
 # The code that made a client's files: the toolkit's version, plus the client pipeline's own number, bumped
 # when a change makes the same settings and data give another bundle (new training, export or metrics),
 # so a resume redoes the clients of older code even between releases
-CODE_VERSION = f"{__version__}+client.1"
+CODE_VERSION = f"{__version__}+client.2"  # 2: the time budget stops the search and final training
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,9 +100,23 @@ class ClientConfig:
     # the server's shared initial weights (`server-kit init`, edge_sdk.shared_init): the classifier trains
     # their architecture from them instead of searching one, so the uploads can be averaged (FedAvg)
     init: str | None = None
+    # seconds the device may spend on the classifier's search and final training, over the profile's
+    # time_budget_s (None: the profile's); the search's screen holds candidates to it too
+    time_budget_s: float | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        if self.time_budget_s is not None:
+            if not (is_number(self.time_budget_s) and self.time_budget_s > 0):  # type: ignore[operator]
+                raise ConfigError(
+                    f"time_budget_s must be a finite number of seconds > 0, got {self.time_budget_s!r}; "
+                    "fix: a positive budget, or None for the profile's time_budget_s"
+                )
+            if self.role == "cvae":
+                raise ConfigError(
+                    "time_budget_s bounds the classifier's search and final training; role 'cvae' trains "
+                    "no classifier: drop time_budget_s or choose another role"
+                )
         if not isinstance(self.search, SearchConfig):
             raise ConfigError(f"search must be a strategy's SearchConfig, got {type(self.search).__name__}")
         if self.init is not None:
@@ -129,8 +155,8 @@ class ClientConfig:
         """The settings a client report records (and a resume compares): those that apply to the role
         (an explicit ``classifier`` trains no CVAE, ``cvae`` searches nothing, so the other half's
         settings are left out; ``auto`` and ``both`` keep both). ``unknown_output`` is written only when
-        set, so the reports of clients made before it existed still match; ``precision`` is written
-        resolved."""
+        set, so the reports of clients made before it existed still match, as is ``time_budget_s``;
+        ``precision`` is written resolved."""
         out: dict[str, Any] = {
             "search": self.search.to_dict(),
             "val_fraction": self.val_fraction,
@@ -150,6 +176,8 @@ class ClientConfig:
             # the file's content, not its path: a resume after a new init trains again, a run directory
             # moved elsewhere does not (the report's "init" entry says where the file was)
             out["init"] = {"sha256": _file_sha256(self.init)}
+        if self.time_budget_s is not None:  # a result made under another budget is another run's
+            out["time_budget_s"] = float(self.time_budget_s)
         return out | ({"unknown_output": True} if self.unknown_output else {}) | {"precision": precision}
 
 
@@ -203,10 +231,17 @@ def run_client(
     profile: DeviceProfile,
     config: ClientConfig,
     out: str | Path,
+    clock: Clock = time.perf_counter,
 ) -> ClientResult:
     """The device pipeline for the resolved role, as `edge-sdk run`. Writes `out` and `out`.report.json
-    (and, for ``both``, the decoder bundle at :func:`decoder_bundle_path`)."""
+    (and, for ``both``, the decoder bundle at :func:`decoder_bundle_path`). The time budget (module
+    docstring) runs on ``clock`` (a test passes a fake one), as do the search's and training's
+    ``seconds``."""
     out = Path(out)
+    budgeted = profile  # the budgets the search screens under: the profile's, time_budget_s overridden
+    if config.time_budget_s is not None:
+        budgeted = dataclasses.replace(profile, time_budget_s=float(config.time_budget_s))
+    deadline = Deadline.after(budgeted.time_budget_s, clock)
     train_split, val_split = split_train_val(data, val_fraction=config.val_fraction, seed=config.seed)
     role = resolve_role(config.role, profile, data.input_shape, data.num_classes, config.search, config.cvae)
     report_path = out.with_name(out.name + ".report.json")
@@ -214,7 +249,7 @@ def run_client(
     report: dict[str, Any] = {"role": role, "profile": profile.name} | resume_key(config, data, profile)
     result: ClientResult | None = None
     if role in ("classifier", "both"):
-        result = _run_classifier(train_split, val_split, profile, config, out, seconds, report)
+        result = _run_classifier(train_split, val_split, budgeted, config, out, seconds, report, deadline)
     if role in ("cvae", "both"):
         path = out if role == "cvae" else decoder_bundle_path(out)
         with timed(seconds, "cvae_train"):
@@ -246,14 +281,19 @@ def run_client(
 
 
 def _train_finalists(
-    result: SearchResult, train_split: ArrayDataset, val_split: ArrayDataset, config: ClientConfig
-) -> tuple[TrainedModel, list[dict[str, Any]]]:
+    result: SearchResult,
+    train_split: ArrayDataset,
+    val_split: ArrayDataset,
+    config: ClientConfig,
+    deadline: Deadline,
+) -> tuple[TrainedModel, list[dict[str, Any]], bool]:
     """Successive halving over the search's finalists: each trains ``finalist_epochs()`` epochs, then one
     goes on to ``final_epochs``: the cheapest (FLOPs) among those within one standard error of the best
     validation accuracy (the one-standard-error rule of model selection: a difference that small is
     noise of the validation split, and the device pays for every FLOP of a larger model; ties: higher
-    accuracy, lower loss). Returns it and one row per finalist (validation numbers after the shared
-    epochs; the chosen row adds the final ones)."""
+    accuracy, lower loss). Returns it, one row per finalist trained (validation numbers after the shared
+    epochs; the chosen row adds the final ones) and whether ``deadline`` cut the training (a training
+    stops after the epoch during which it passed; a finalist not started by then is skipped)."""
     search_config = config.search
     shared = search_config.finalist_epochs() if len(result.finalists) > 1 else search_config.final_epochs
     common = dict(
@@ -267,45 +307,50 @@ def _train_finalists(
     trained_all: list[TrainedModel] = []
     rows: list[dict[str, Any]] = []
     for arch in result.finalists:
+        if trained_all and deadline.expired():
+            break
         init = None
         supernet = supernet_of(search_config)
         if supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
             # HAPFNAS: the winner starts from its supernet weights and is fine-tuned locally
             init = extract(load_supernet(supernet), ElasticSpec.parse(arch))
         trained = train_final(
-            arch, train_split, val_split, epochs=shared, seed=config.seed, init=init, **common
+            arch, train_split, val_split, epochs=shared, seed=config.seed, init=init,
+            stop=deadline.expired, **common,
         )  # fmt: skip
         m = trained.metrics
         trained_all.append(trained)
         rows.append(
             {k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds", "flops")}
-            | {"arch": arch, "epochs": shared}
+            | {"arch": arch, "epochs": m["final_epochs"]}
         )
+    cut = len(rows) < len(result.finalists) or any(row["epochs"] < shared for row in rows)
     chosen = _one_standard_error(rows, len(val_split))
     for i, row in enumerate(rows):
         row["chosen"] = i == chosen
     best = trained_all[chosen]
     rest = search_config.final_epochs - shared
-    if rest > 0:  # the winner goes on where it stopped, Adam's moments kept (new batch orders)
+    if rest > 0 and (cut or deadline.expired()):
+        cut = True
+    elif rest > 0:  # the winner goes on where it stopped, Adam's moments kept (new batch orders)
         done = best.metrics["train_seconds"]
         best = train_final(
             best.arch, train_split, val_split, epochs=rest, seed=derive_seed(config.seed, FINALIST_STREAM),
-            init=best.module, optimizer=best.optimizer, **common,
+            init=best.module, optimizer=best.optimizer, stop=deadline.expired, **common,
         )  # fmt: skip
+        epochs = shared + best.metrics["final_epochs"]
+        cut = epochs < search_config.final_epochs
         best = dataclasses.replace(
             best,
             metrics=best.metrics
-            | {
-                "final_epochs": search_config.final_epochs,
-                "train_seconds": round(done + best.metrics["train_seconds"], 3),
-            },
+            | {"final_epochs": epochs, "train_seconds": round(done + best.metrics["train_seconds"], 3)},
         )
         rows[chosen] |= {
             "final_val_accuracy": best.metrics["val_accuracy"],
             "final_val_loss": best.metrics["val_loss"],
-            "final_epochs": search_config.final_epochs,
+            "final_epochs": epochs,
         }
-    return best, rows
+    return best, rows, cut
 
 
 def _one_standard_error(rows: list[dict[str, Any]], n_val: int) -> int:
@@ -323,10 +368,12 @@ def _train_from_init(
     profile: DeviceProfile,
     config: ClientConfig,
     report: dict[str, Any],
+    deadline: Deadline,
 ) -> tuple[SearchResult, TrainedModel, list[dict[str, Any]]]:
     """The server's initial weights, checked against this task, the configured architecture and the
     device's budget (FLOPs, parameters, training memory, the final training's time), then trained for
-    ``final_epochs``. Returns a search result of the ``fixed`` strategy that evaluated nothing."""
+    ``final_epochs`` (fewer when ``deadline`` passes first). Returns a search result of the ``fixed``
+    strategy that evaluated nothing."""
     assert config.init is not None
     search_config = config.search
     assert isinstance(search_config, FixedConfig)  # ClientConfig refuses init with another strategy
@@ -360,6 +407,7 @@ def _train_from_init(
         progress=config.progress,
         init=weights.module,
         precision=config.precision,
+        stop=deadline.expired,
     )
     report["init"] = {"path": config.init, "sha256": weights.sha256, "seed": weights.seed}
     result = SearchResult(
@@ -376,11 +424,7 @@ def _train_from_init(
     )
     m = trained.metrics
     row = {k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds", "flops")}
-    return (
-        result,
-        trained,
-        [row | {"arch": weights.arch, "epochs": search_config.final_epochs, "chosen": True}],
-    )
+    return result, trained, [row | {"arch": weights.arch, "epochs": m["final_epochs"], "chosen": True}]
 
 
 def _run_classifier(
@@ -391,14 +435,21 @@ def _run_classifier(
     out: Path,
     seconds: dict[str, float],
     report: dict[str, Any],
+    deadline: Deadline,
 ) -> ClientResult:
     """search -> train -> export -> bundle at ``out`` (or, with ``config.init``, train the server's
-    initial weights, no search); fills ``seconds`` and ``report``."""
+    initial weights, no search), within ``deadline`` (module docstring); fills ``seconds`` and
+    ``report``."""
+    search_share = (1 - FINAL_TRAINING_SHARE) * profile.time_budget_s
+    train_cut = False
     if config.init is not None:
-        with timed(seconds, "train"):
-            result, trained, finalists = _train_from_init(train_split, val_split, profile, config, report)
+        with timed(seconds, "train", deadline.clock):
+            result, trained, finalists = _train_from_init(
+                train_split, val_split, profile, config, report, deadline
+            )
+        train_cut = trained.metrics["final_epochs"] < config.search.final_epochs
     else:
-        with timed(seconds, "search"):
+        with timed(seconds, "search", deadline.clock):
             result = search(
                 train_split,
                 val_split,
@@ -408,9 +459,13 @@ def _run_classifier(
                 device=resolve_device(config.device),
                 progress=config.progress,
                 precision=config.precision,
+                deadline=deadline.within(search_share),
             )
-        with timed(seconds, "train"):
-            trained, finalists = _train_finalists(result, train_split, val_split, config)
+        with timed(seconds, "train", deadline.clock):
+            trained, finalists, train_cut = _train_finalists(result, train_split, val_split, config, deadline)
+    stopped = ",".join(
+        phase for phase, cut in (("search", result.budget_stopped), ("train", train_cut)) if cut
+    )
 
     with timed(seconds, "export"):
         extra = {
@@ -420,6 +475,8 @@ def _run_classifier(
             "search_rejected": int(result.rejected),
             "search_cache_hits": int(result.cache_hits),
             "search_seconds": round(seconds.get("search", 0.0), 3),
+            "time_budget_s": float(profile.time_budget_s),
+            "budget_stopped": stopped or None,
         }
         bundle_model(trained, profile, out, seed=config.seed, extra_metrics=extra)
 
@@ -430,6 +487,14 @@ def _run_classifier(
         "metrics": metrics,
         "search": result.to_dict(),
         "finalists": finalists,
+        "budget": {
+            "time_budget_s": float(profile.time_budget_s),
+            "source": "profile" if config.time_budget_s is None else "config",
+            "search_share_s": round(search_share, 3) if config.init is None else 0.0,
+            "stopped": stopped or None,
+            "final_epochs": [trained.metrics["final_epochs"], config.search.final_epochs],
+            "finalists": [len(finalists), len(result.finalists)],
+        },
     }
     return ClientResult(
         bundle_path=out,

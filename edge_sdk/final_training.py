@@ -4,6 +4,7 @@ the configured epochs, and a CVAE, each with its validation metrics and cost as 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -36,6 +37,7 @@ def train_final(
     unknown_output: bool = False,
     optimizer: torch.optim.Optimizer | None = None,
     precision: str = "auto",
+    stop: Callable[[], bool] | None = None,
 ) -> TrainedModel:
     """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
 
@@ -44,7 +46,8 @@ def train_final(
     freshly initialised model. ``unknown_output`` adds
     the "none of my classes" output (:mod:`edge_sdk.outliers`); the validation accuracy then counts an
     image called unknown as wrong. ``precision`` is the training's (:mod:`edge_sdk.precision`); the
-    validation numbers are measured in float32, the exported model's precision.
+    validation numbers are measured in float32, the exported model's precision. ``stop`` (a time budget,
+    asked after each epoch) may end the training early; ``final_epochs`` records the epochs trained.
     """
     spec = parse_arch(arch)
     num_classes = train_split.num_classes
@@ -77,6 +80,7 @@ def train_final(
         device=dev,
         progress=progress,
         optimizer=optimizer,
+        stop=stop,
     )
     val_loss, val_acc = evaluate(model, val_split, device=dev)
     model = model.cpu().eval()
@@ -85,7 +89,7 @@ def train_final(
         "val_accuracy": float(val_acc),
         "val_loss": float(val_loss),
         "train_loss": float(losses[-1]) if losses else float("nan"),
-        "final_epochs": int(epochs),
+        "final_epochs": len(losses),
         "train_seconds": round(time.perf_counter() - start, 3),
         **{k: int(v) for k, v in cost.to_dict().items()},
     }

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from common.checks import check_int
 from common.configs import config_from_dict
 from common.errors import ConfigError, DataError
+from common.timing import Deadline
 from edge_sdk.data import ArrayDataset
 from edge_sdk.precision import resolve_precision
 from edge_sdk.strategies import baselines, evolution, pso
@@ -154,6 +155,8 @@ class SearchResult:
     repeats_best: tuple[tuple[str, float], ...]
     details: dict[str, Any] = field(default_factory=dict)  # strategy-specific (evolution: predictor)
     finalists: tuple[str, ...] = ()
+    budget_stopped: bool = False  # the time budget ended the search before its plan (see progress)
+    progress: dict[str, list[int]] = field(default_factory=dict)  # [done, planned] per strategy loop
 
     def __post_init__(self) -> None:
         if not self.finalists:
@@ -172,6 +175,8 @@ class SearchResult:
             "repeats_best": [{"spec": s, "fitness": _finite(f)} for s, f in self.repeats_best],
             "finalists": list(self.finalists),
             "details": self.details,
+            "budget_stopped": self.budget_stopped,
+            "progress": self.progress,
             "evaluations": [
                 dataclasses.asdict(e) | {"fitness": _finite(e.fitness), "seconds": round(e.seconds, 3)}
                 for e in self.evaluations
@@ -193,12 +198,14 @@ def search(
     device: str | torch.device = "cpu",
     progress: bool = False,
     precision: str = "auto",
+    deadline: Deadline | None = None,
 ) -> SearchResult:
     """Find an architecture for this client's data and device with ``config.strategy``.
 
     Deterministic for a given seed on a given device (weight init, batch order and Dropout are seeded per
     candidate). Candidates train and are scored at ``precision`` (:mod:`edge_sdk.precision`). Raises
-    :class:`BudgetError` when the budget admits no candidate.
+    :class:`BudgetError` when the budget admits no candidate. Past ``deadline`` the strategy starts no
+    new candidate and returns the best it found (at least one trained candidate): ``budget_stopped``.
     """
     check_int("seed", seed, 0)
     strategy = _strategy(config.strategy)
@@ -223,7 +230,16 @@ def search(
     planned = config.planned_candidates()
     with tqdm(total=planned, desc=f"search ({config.strategy})", unit="cand", disable=not progress) as bar:
         ev = Evaluator(
-            train, val, profile, config, seed, torch.device(device), bar, precision, final_samples=full
+            train,
+            val,
+            profile,
+            config,
+            seed,
+            torch.device(device),
+            bar,
+            precision,
+            final_samples=full,
+            deadline=deadline,
         )
         found = strategy.run(ev, config, seeds)
     best_spec, best_fitness = min(found.repeats_best, key=lambda item: item[1])
@@ -239,4 +255,6 @@ def search(
         repeats_best=tuple((str(s), float(f)) for s, f in found.repeats_best),
         details=found.details,
         finalists=found.finalists,
+        budget_stopped=ev.stopped,
+        progress=found.progress,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,8 +123,10 @@ def train(
     device: str | torch.device = "cpu",
     progress: bool = False,
     optimizer: torch.optim.Optimizer | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[float]:
-    """Train ``model`` in place with Adam and cross-entropy; returns the mean training loss of each epoch.
+    """Train ``model`` in place with Adam and cross-entropy; returns the mean training loss of each epoch
+    trained (fewer than ``config.epochs`` when ``stop()``, asked after each epoch, said so: a time budget).
 
     ``optimizer`` (over ``model``'s parameters) continues an earlier run with its moments, as if it had
     not stopped; None starts a fresh Adam from ``config``.
@@ -166,6 +169,7 @@ def train(
             device=device,
             lone_last="merge",  # a lone last image would break BatchNorm on 1x1 maps
             progress=progress,
+            stop=stop,
         )
     release_memory()
     return losses

@@ -23,6 +23,7 @@ import torch
 
 from common.errors import BudgetError
 from common.seeding import seeded
+from common.timing import Deadline
 from edge_sdk.arch import ArchSpec, analytic_cost, build_model
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import (
@@ -65,12 +66,14 @@ class Evaluation:
 @dataclass(frozen=True)
 class Found:
     """What one strategy run returns to :func:`edge_sdk.search.search`: (spec, fitness) of each
-    independent run (the best of them wins), strategy-specific details for the report, and the
-    finalists the client trains (empty: the winner alone)."""
+    independent run (the best of them wins), strategy-specific details for the report, the finalists
+    the client trains (empty: the winner alone), and ``progress``: [done, planned] of each of the
+    strategy's loops (PSO's swarms and iterations, evolution's generations), what a time budget cut."""
 
     repeats_best: list[tuple[ArchSpec, float]]
     details: dict[str, Any] = field(default_factory=dict)
     finalists: tuple[str, ...] = ()
+    progress: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,6 +97,8 @@ class Evaluator:
     proxy: Callable[[ArchSpec], float] | None = None  # fitness without training (evolution's supernet)
     screened: dict[str, tuple[int, int, int, str | None]] = field(default_factory=dict)
     final_samples: int = 0  # images of the final training (the whole split; candidates see a subset)
+    deadline: Deadline | None = None  # the search's share of the device's time budget (None: unbounded)
+    stopped: bool = False  # a strategy asked for more time than was left and stopped (out_of_time)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -212,6 +217,13 @@ class Evaluator:
         train(model, self.train_split, config=config, seed=seed, device=self.device)
         loss, _ = evaluate(model, self.val_split, device=self.device, precision=self.precision)
         return loss if math.isfinite(loss) else math.inf  # a diverged candidate is never the best
+
+    def out_of_time(self) -> bool:
+        """Whether the search's time is spent: a strategy asks before it starts another candidate (never
+        before its first trainable one) and, on True, returns the best it has; the answer is recorded."""
+        if self.deadline is not None and self.deadline.expired():
+            self.stopped = True
+        return self.stopped
 
     def infeasible(self, what: str) -> BudgetError:
         parts = [

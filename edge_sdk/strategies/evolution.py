@@ -124,8 +124,10 @@ def run(ev: Evaluator, config: EvolutionConfig, seeds: list[np.random.SeedSequen
         reevaluate=config.reevaluate,
         admits=lambda spec: ev.screen(spec)[3] is None,
         seed=ev.seed,
+        out_of_time=ev.out_of_time,
     )
-    return Found(repeats_best=[(best, fitness)], details=details)
+    progress = details.pop("progress")
+    return Found(repeats_best=[(best, fitness)], details=details, progress=progress)
 
 
 def evolve(
@@ -142,11 +144,16 @@ def evolve(
     reevaluate: int,
     admits: Callable[[ArchSpec], bool],
     seed: int,
+    out_of_time: Callable[[], bool] = lambda: False,
 ) -> tuple[ArchSpec, float, dict[str, Any]]:
-    """Run Algorithm 2; returns (best spec, its real fitness, details for the search report).
+    """Run Algorithm 2; returns (best spec, its real fitness, details for the search report, with
+    ``progress``: [done, planned] of the initial population, the generations and the re-evaluations).
 
     ``evaluate_spec(spec) -> (fitness, rejection or None)`` is the real (cached) evaluation;
-    ``admits(spec)`` is the cheap budget screen used for every generated candidate.
+    ``admits(spec)`` is the cheap budget screen used for every generated candidate. ``out_of_time()``
+    (the search's time budget) is asked before each real evaluation once one succeeded, and before
+    each generation: on True no new work starts, and the best finalist already evaluated (else the best
+    of the initial population) wins.
     """
 
     def draw(make: Callable[[], ArchSpec]) -> ArchSpec | None:
@@ -157,7 +164,11 @@ def evolve(
         return None
 
     pool: dict[str, tuple[ArchSpec, float]] = {}  # real fitness of the initial population
+    sampled = 0
     for _ in range(population):
+        if any(np.isfinite(f) for _, f in pool.values()) and out_of_time():
+            break
+        sampled += 1
         spec = draw(lambda: space.sample(rng, input_shape, num_classes))
         if spec is None:
             break
@@ -187,7 +198,11 @@ def evolve(
 
     scored = {str(s): (s, f) for s, f in finite}  # spec -> (spec, fitness: real or predicted)
     current = sorted(scored.values(), key=lambda item: item[1])[:population]
+    generations_done = 0
     for _ in range(generations):
+        if out_of_time():
+            break
+        generations_done += 1
         children: list[ArchSpec] = []
         for _ in range(mutations):
             parent = current[int(rng.integers(len(current)))][0]
@@ -209,11 +224,17 @@ def evolve(
         current = sorted(merged.values(), key=lambda item: item[1])[:population]
 
     finalists = [s for s, _ in current[:reevaluate]]
-    real = [(s, evaluate_spec(s)[0]) for s in finalists]  # cached for initial members
-    best, best_fitness = min(real, key=lambda item: item[1])
+    # real fitness: cached for initial members, which need no time
+    real = [(s, evaluate_spec(s)[0]) for s in finalists if str(s) in pool or not out_of_time()]
+    best, best_fitness = min(real or finite, key=lambda item: item[1])
     details |= {
         "explored": len(scored),
         "finalists": [{"spec": str(s), "fitness": float(f)} for s, f in real],
+        "progress": {
+            "initial_population": [sampled, population],
+            "generations": [generations_done, generations],
+            "reevaluated": [len(real), len(finalists)],
+        },
     }
     return best, float(best_fitness), details
 

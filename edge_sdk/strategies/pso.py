@@ -134,9 +134,13 @@ def _warm_spec(ev: Evaluator, config: PSOConfig) -> tuple[ChainSpec, Evaluation]
 
 def _swarm(
     ev: Evaluator, config: PSOConfig, rng: np.random.Generator
-) -> tuple[ChainSpec, float, ChainSpec | None]:
-    """One swarm (Algorithm 2) over the chain space; returns its global best (spec, fitness) and the
-    warm-start particle (None: none fitted, or warm start off)."""
+) -> tuple[ChainSpec, float, ChainSpec | None, int, int]:
+    """One swarm (Algorithm 2) over the chain space; returns its global best (spec, fitness), the
+    warm-start particle (None: none fitted, or warm start off), its particles and the iterations it
+    completed.
+
+    When the search's time is spent (:meth:`Evaluator.out_of_time`, asked before each candidate once one
+    trained) the swarm stops where it is: fewer particles, or a partial iteration, and its best so far."""
     cfg, shape = config, ev.input_shape
     space = ChainSpace(max_depth=cfg.max_depth)
     positions: list[ChainSpec] = []
@@ -144,6 +148,8 @@ def _swarm(
     trainable: list[bool] = []
     warm = _warm_spec(ev, cfg) if cfg.warm_start else None
     for i in range(cfg.particles):
+        if any(trainable) and ev.out_of_time():
+            break
         if i == 0 and warm is not None:
             spec, result = warm
         else:
@@ -159,11 +165,13 @@ def _swarm(
         ev.bar.set_postfix(rejected=ev.rejected)
     if not any(trainable):
         raise ev.infeasible(f"architecture among {cfg.particles * INIT_ATTEMPTS} sampled candidates")
-    best = min(range(cfg.particles), key=lambda i: (not trainable[i], fitness[i]))
+    best = min(range(len(positions)), key=lambda i: (not trainable[i], fitness[i]))
     pbest, pfit = list(positions), list(fitness)
     gbest, gfit = pbest[best], pfit[best]
-    for _ in range(cfg.iterations):
-        for i in range(cfg.particles):
+    for iteration in range(cfg.iterations):
+        for i in range(len(positions)):
+            if ev.out_of_time():
+                return gbest, gfit, None if warm is None else warm[0], len(positions), iteration
             own, glob = pbest[i].layers, gbest.layers
             target: list[Layer] = []
             for j in range(max(len(own), len(glob))):
@@ -180,15 +188,21 @@ def _swarm(
                     gbest, gfit = positions[i], new
             ev.bar.update(1)
             ev.bar.set_postfix(best=f"{gfit:.4f}", rejected=ev.rejected, cached=ev.cache_hits)
-    return gbest, gfit, None if warm is None else warm[0]
+    return gbest, gfit, None if warm is None else warm[0], len(positions), cfg.iterations
 
 
 def run(ev: Evaluator, config: PSOConfig, seeds: list[np.random.SeedSequence]) -> Found:
-    """``repeats`` swarms, one per seed; the finalists are the best distinct specs the search met."""
-    swarms = [_swarm(ev, config, np.random.default_rng(seq)) for seq in seeds]
-    repeats_best = [(spec, fitness) for spec, fitness, _ in swarms]
+    """``repeats`` swarms, one per seed (those the search's time leaves: at least one); the finalists are
+    the best distinct specs the search met."""
+    swarms = []
+    for seq in seeds:
+        if swarms and ev.out_of_time():
+            break
+        swarms.append(_swarm(ev, config, np.random.default_rng(seq)))
+    repeats_best = [(spec, fitness) for spec, fitness, *_ in swarms]
     best_spec, _ = min(repeats_best, key=lambda item: item[1])
-    warms = {str(warm) for _, _, warm in swarms if warm is not None}  # one spec: every swarm's is the same
+    # one spec: every swarm's is the same
+    warms = {str(warm) for _, _, warm, *_ in swarms if warm is not None}
     warm = warms.pop() if warms else None
     finalists = [str(best_spec)]
     if config.finalists > 1:
@@ -198,4 +212,9 @@ def run(ev: Evaluator, config: PSOConfig, seeds: list[np.random.SeedSequence]) -
         finalists += [e.spec for e in ranked if e.spec != finalists[0]][: config.finalists - 1]
         if warm is not None and warm not in finalists and math.isfinite(ev.cache[warm].fitness):
             finalists[-1] = warm  # the baseline always competes in the final ranking
-    return Found(repeats_best=repeats_best, finalists=tuple(finalists))
+    progress = {
+        "swarms": [len(swarms), config.repeats],
+        "particles": [sum(swarm[3] for swarm in swarms), config.repeats * config.particles],
+        "iterations": [sum(swarm[4] for swarm in swarms), config.repeats * config.iterations],
+    }
+    return Found(repeats_best=repeats_best, finalists=tuple(finalists), progress=progress)

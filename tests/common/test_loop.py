@@ -83,3 +83,33 @@ def test_step_clears_the_previous_gradient() -> None:
     w.grad = torch.full((1,), 100.0)  # a stale gradient must not be applied
     step(opt, (2 * w).sum())
     assert w.item() == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize(
+    ("answers", "epochs_run", "asked"), [([False] * 4, 5, 4), ([False, True], 2, 2), ([True], 1, 1)]
+)
+def test_stop_is_asked_between_epochs_and_ends_the_training(
+    answers: list[bool], epochs_run: int, asked: int
+) -> None:
+    """Asked after every epoch but the last (never before the first, so one epoch always runs)."""
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    questions = iter(answers)
+    calls: list[int] = []
+
+    def stop() -> bool:
+        calls.append(1)
+        return next(questions)
+
+    losses = fit(
+        lambda idx: nn.functional.mse_loss(model(x[idx]), y[idx]),
+        opt,
+        n=8,
+        batch_size=4,
+        epochs=5,
+        generator=torch.Generator().manual_seed(0),
+        device=torch.device("cpu"),
+        stop=stop,
+    )
+    assert (len(losses), len(calls)) == (epochs_run, asked)
