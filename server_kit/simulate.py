@@ -199,7 +199,7 @@ def _fedmho_fields(dataset: str) -> dict[str, Any]:
         "decoders": False,
         "shared_init": True,
         "search": FixedConfig(fixed_arch=FEDMHO_ARCH, final_epochs=FEDMHO_EPOCHS),
-        "cvae": table3(CVAEConfig.preset),
+        "cvae": table3(CVAEConfig.preset, class_prior=True),
         "aggregate": AggregateConfig(
             synth=("decoder",),
             fusion=table3(FusionConfig.preset, mode="md"),

@@ -131,8 +131,10 @@ def test_arch_strings() -> None:
     assert with_prior.arch == "cvae-small-z20-classprior"
     assert parse_cvae_arch(with_prior.arch) == ("cvae-small", 20)
     assert build_cvae("cvae-small-z20", (1, 8, 8), 10).decoder.prior is None
-    assert CVAEConfig().arch == "cvae-small-z20-classprior"
-    assert CVAEConfig(class_prior=False).arch == "cvae-small-z20"
+    assert CVAEConfig().arch == "cvae-small-z20"
+    assert CVAEConfig(class_prior=True).arch == "cvae-small-z20-classprior"
+    assert "class_prior" not in CVAEConfig().to_dict()  # so older reports match on resume
+    assert CVAEConfig(class_prior=True).to_dict()["class_prior"] is True
     with pytest.raises(ConfigError, match="class_prior"):
         CVAEConfig(class_prior=1)  # type: ignore[arg-type]
 
@@ -276,7 +278,7 @@ def test_training_lowers_loss_and_is_deterministic(digits: ArrayDataset) -> None
 
 def test_class_prior_fits_classes_with_enough_images(digits: ArrayDataset) -> None:
     """The prior maps N(0, I) onto each class's aggregate posterior; training itself never sees it."""
-    config = CVAEConfig(epochs=2, batch_size=32, latent_dim=4)
+    config = CVAEConfig(epochs=2, batch_size=32, latent_dim=4, class_prior=True)
     model, losses = train_cvae(digits, config=config, seed=3)
     plain, plain_losses = train_cvae(digits, config=dataclasses.replace(config, class_prior=False), seed=3)
     assert losses == plain_losses  # the same training: the prior is fitted afterwards
@@ -347,7 +349,7 @@ def test_auto_role() -> None:
 
 
 def test_run_client_cvae_writes_decoder_bundle(digits: ArrayDataset, tmp_path: Path) -> None:
-    config = ClientConfig(cvae=CVAEConfig(epochs=2), seed=1)  # role auto + wearable -> cvae
+    config = ClientConfig(cvae=CVAEConfig(epochs=2, class_prior=True), seed=1)  # role auto + wearable -> cvae
     result = run_client(digits, profile=load_profile("wearable"), config=config, out=tmp_path / "w.bundle")
     assert result.role == "cvae" and result.search is None and result.extra_bundles == ()
     bundle = read_bundle(result.bundle_path)
