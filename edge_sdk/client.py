@@ -37,6 +37,7 @@ from common.timing import timed
 from edge_sdk import __version__
 from edge_sdk.arch import family_of_text, parse_arch, with_num_classes
 from edge_sdk.artifacts import TrainedModel, bundle_cvae, bundle_model, decoder_bundle_path
+from edge_sdk.curves import curve_records
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import ArrayDataset, data_sha256, split_train_val
 from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet
@@ -230,6 +231,7 @@ def run_client(
         with timed(seconds, "cvae_export"):
             bundle_cvae(trained, profile, path, seed=config.seed)
         entry = {"bundle": path.name, "arch": trained.arch, "metrics": trained.metrics}
+        report["curves"] = report.get("curves", {}) | curve_records({"cvae": trained.history})
         if result is None:
             report |= entry | {"search": None}
             result = ClientResult(path, report_path, trained.arch, None, dict(trained.metrics), seconds, role)
@@ -294,6 +296,7 @@ def _train_finalists(
         )  # fmt: skip
         best = dataclasses.replace(
             best,
+            history=trained_all[chosen].history + best.history,  # one curve over all its epochs
             metrics=best.metrics
             | {
                 "final_epochs": search_config.final_epochs,
@@ -430,6 +433,8 @@ def _run_classifier(
         "metrics": metrics,
         "search": result.to_dict(),
         "finalists": finalists,
+        # the bundle's metrics are scalars: the per-epoch curves are the report's (edge_sdk.curves)
+        "curves": curve_records({"classifier": trained.history, "search": result.best_curve}),
     }
     return ClientResult(
         bundle_path=out,

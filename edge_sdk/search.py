@@ -154,6 +154,8 @@ class SearchResult:
     repeats_best: tuple[tuple[str, float], ...]
     details: dict[str, Any] = field(default_factory=dict)  # strategy-specific (evolution: predictor)
     finalists: tuple[str, ...] = ()
+    # the best spec's training loss per epoch (empty when a proxy scored it): the client report's curve
+    best_curve: tuple[dict[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.finalists:
@@ -239,4 +241,5 @@ def search(
         repeats_best=tuple((str(s), float(f)) for s, f in found.repeats_best),
         details=found.details,
         finalists=found.finalists,
+        best_curve=tuple({"train_loss": loss} for loss in ev.curves.get(str(best_spec), ())),
     )

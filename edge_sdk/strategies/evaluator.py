@@ -94,6 +94,7 @@ class Evaluator:
     proxy: Callable[[ArchSpec], float] | None = None  # fitness without training (evolution's supernet)
     screened: dict[str, tuple[int, int, int, str | None]] = field(default_factory=dict)
     final_samples: int = 0  # images of the final training (the whole split; candidates see a subset)
+    curves: dict[str, list[float]] = field(default_factory=dict)  # spec -> its training's loss per epoch
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -209,7 +210,7 @@ class Evaluator:
             batch_size=self.config.batch_size,
             precision=self.precision,
         )
-        train(model, self.train_split, config=config, seed=seed, device=self.device)
+        self.curves[key] = train(model, self.train_split, config=config, seed=seed, device=self.device)
         loss, _ = evaluate(model, self.val_split, device=self.device, precision=self.precision)
         return loss if math.isfinite(loss) else math.inf  # a diverged candidate is never the best
 

@@ -245,9 +245,14 @@ def test_loss_is_summed_bce_plus_kl_per_sample() -> None:
 def test_training_lowers_loss_and_is_deterministic(digits: ArrayDataset) -> None:
     config = CVAEConfig(epochs=4, batch_size=32)
     state = torch.get_rng_state()
-    model, losses = train_cvae(digits, config=config, seed=3)
+    model, history = train_cvae(digits, config=config, seed=3)
     assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is untouched
+    losses = [epoch["loss"] for epoch in history]
     assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]
+    # the curve of each part: the loss of every epoch is their sum (beta = 1), both parts positive
+    for epoch in history:
+        assert epoch["recon"] > 0 and epoch["kl"] > 0
+        assert epoch["loss"] == pytest.approx(epoch["recon"] + epoch["kl"], rel=1e-5)
     with torch.random.fork_rng():  # the same seeded init train_cvae starts from
         torch.manual_seed(3)
         untrained = build_cvae("cvae-small", digits.input_shape, 10, 2)
@@ -258,7 +263,11 @@ def test_training_lowers_loss_and_is_deterministic(digits: ArrayDataset) -> None
     for (key, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b), key
     # beta = 1 is the ELBO itself; a larger beta trains another model, which keeps less of x in z
-    beta, _ = train_cvae(digits, config=dataclasses.replace(config, kl_weight=4.0), seed=3)
+    beta, beta_history = train_cvae(digits, config=dataclasses.replace(config, kl_weight=4.0), seed=3)
+    # the KL curve is the unweighted KL; the loss weighs it by beta
+    assert beta_history[0]["loss"] == pytest.approx(
+        beta_history[0]["recon"] + 4 * beta_history[0]["kl"], rel=1e-5
+    )
     assert evaluate_cvae(beta, digits, seed=0)["kl"] < after["kl"]
 
 
