@@ -48,7 +48,16 @@ from server_kit.report_figures import (
     series,
 )
 
-__all__ = ["GRIDS", "REPORT_FILE", "Run", "read_run", "render_report", "write_report"]
+__all__ = [
+    "DEVICE_CURVES",
+    "GRIDS",
+    "REPORT_FILE",
+    "Run",
+    "device_curves",
+    "read_run",
+    "render_report",
+    "write_report",
+]
 
 REPORT_FILE = "report.html"
 # the server's PNG grids (server_kit.grid, one row per class) the page embeds, by fixed name only
@@ -201,7 +210,7 @@ def _loss_sections(run: Run) -> Iterator[str]:
         yield _section(f"loss-{key}", title, fig, f"per {xlabel}", f"no {title.lower()} recorded in this run")
 
 
-def _device_curves(run: Run, phase: str) -> tuple[list[tuple[str, dict[str, list[float]]]], list[str]]:
+def device_curves(run: Run, phase: str) -> tuple[list[tuple[str, dict[str, list[float]]]], list[str]]:
     """(legend name, checked record) of each client report (personalization: each client and method) that
     records the phase's curve, and why each malformed one was skipped."""
     if phase == "personalize":
@@ -226,7 +235,7 @@ def _device_section(run: Run, phase: str) -> str:
     """A device phase's figure (one line per client, or their median and bands), and a note naming the
     curves skipped as malformed."""
     title, terms = DEVICE_CURVES[phase]
-    drawn, skipped = _device_curves(run, phase)
+    drawn, skipped = device_curves(run, phase)
     panels: dict[str, list[Line]] = {label: [] for label in terms.values()} or {"loss (sum of its terms)": []}
     for name, record in drawn:
         columns = {label: record[term] for term, label in terms.items() if term in record}

@@ -14,6 +14,7 @@ import torch
 from common.errors import BudgetError, ConfigError, ExportError, SpecError
 from edge_sdk.artifacts import decoder_bundle_path
 from edge_sdk.client import ClientConfig, run_client
+from edge_sdk.curves import check_curve
 from edge_sdk.cvae import (
     CVAEConfig,
     build_cvae,
@@ -313,6 +314,14 @@ def test_run_client_cvae_writes_decoder_bundle(digits: ArrayDataset, tmp_path: P
     assert x.shape == (3, 1, 8, 8)
     report = json.loads(result.report_path.read_text())
     assert report["role"] == "cvae" and report["search"] is None and report["config"]["cvae"]["epochs"] == 2
+    # the CVAE's curves per epoch: the loss it trained on and its two parts; the last loss is the bundle's
+    assert set(report["curves"]) == {"cvae"}
+    curve = check_curve(report["curves"]["cvae"], "cvae")
+    assert set(curve) == {"epoch", "loss", "recon", "kl"} and curve["epoch"] == [1, 2]
+    assert curve["loss"][-1] == pytest.approx(bundle.metrics["train_loss"], rel=1e-5)
+    assert curve["loss"] == pytest.approx(
+        [r + k for r, k in zip(curve["recon"], curve["kl"], strict=True)], rel=1e-4
+    )
 
 
 def test_run_client_both_and_budget(digits: ArrayDataset, tmp_path: Path) -> None:
@@ -328,6 +337,9 @@ def test_run_client_both_and_budget(digits: ArrayDataset, tmp_path: Path) -> Non
     report = json.loads(result.report_path.read_text())
     assert report["bundle"] == "c.bundle" and report["decoder"]["bundle"] == "c.decoder.bundle"
     assert {"search", "train", "export", "cvae_train", "cvae_export"} <= set(report["seconds"])
+    # both phases' curves in the one report (the fixed strategy trains its one candidate: a search curve)
+    assert set(report["curves"]) == {"search", "classifier", "cvae"}
+    assert [len(report["curves"][p]["epoch"]) for p in ("classifier", "cvae")] == [1, 1]
     small = DeviceProfile(
         name="band", memory_mb=64, gflops=1.0, max_flops=10**6, max_params=10_000, role="cvae"
     )
@@ -346,6 +358,8 @@ def test_cli_run_role_cvae(digits: ArrayDataset, tmp_path: Path, capsys: pytest.
     argv += ["--role", "cvae", "--cvae-model", "cvae-small", "--latent-dim", "3", "--cvae-epochs", "1"]
     assert main([*argv, "--cvae-lr", "0.01"]) == 0
     assert "cvae_decoder" in capsys.readouterr().out
+    report = json.loads(out.with_name(out.name + ".report.json").read_text())
+    assert report["curves"]["cvae"]["epoch"] == [1]  # edge-sdk run's own report carries the curves
     bundle = read_bundle(out)
     assert (bundle.kind, bundle.latent_dim, bundle.metrics["lr"], bundle.metrics["epochs"]) == (
         "cvae_decoder",
