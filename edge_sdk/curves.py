@@ -40,6 +40,7 @@ MAX_CURVE_POINTS = 200
 MAX_CURVE_TERMS = 8
 MAX_TERM_BYTES = 32
 CURVE_DIGITS = 6
+MAX_MESSAGE = 300  # characters of a refusal's message before its fix
 
 
 def curve_record(history: Sequence[Mapping[str, float]]) -> dict[str, list[Any]]:
@@ -69,8 +70,9 @@ def check_curve(value: object, what: str) -> dict[str, list[float]]:
     Raises :class:`DataError` naming ``what``."""
     try:
         return _check_curve(value, what)
-    except DataError as err:
-        raise DataError(f"{err}; fix: write the report with this SDK's curve_record (edge-sdk run)") from err
+    except DataError as err:  # cut: a hostile report's values can be long, and the message shows them
+        text = str(err) if len(str(err)) <= MAX_MESSAGE else str(err)[: MAX_MESSAGE - 3] + "..."
+        raise DataError(f"{text}; fix: write the report with this SDK's curve_record (edge-sdk run)") from err
 
 
 def _check_curve(value: object, what: str) -> dict[str, list[float]]:
@@ -83,7 +85,7 @@ def _check_curve(value: object, what: str) -> dict[str, list[float]]:
         )
     epochs = check_ints(f"{what}.epoch", value["epoch"], 1, max_length=MAX_CURVE_POINTS, error=DataError)
     if not epochs or any(b <= a for a, b in itertools.pairwise(epochs)):
-        raise DataError(f"{what}.epoch must be strictly increasing and non-empty, got {list(epochs)[:12]}")
+        raise DataError(f"{what}.epoch must be strictly increasing and non-empty, got {list(epochs)}")
     out = {"epoch": [float(e) for e in epochs]}
     for name, column in value.items():
         check_str(f"{what} term name", name, max_bytes=MAX_TERM_BYTES, error=DataError)
@@ -95,6 +97,6 @@ def _check_curve(value: object, what: str) -> dict[str, list[float]]:
                 f"{what}.{name} must be a list of {len(epochs)} values (one per epoch), got {got}"
             )
         if not all(v is None or is_number(v) for v in column):
-            raise DataError(f"{what}.{name} must hold finite numbers or null, got {column[:6]}")
+            raise DataError(f"{what}.{name} must hold finite numbers or null, got {column}")
         out[name] = [math.nan if v is None else float(v) for v in column]
     return out

@@ -6,7 +6,9 @@ from live objects, so ``server-kit report RUN_DIR`` redraws any finished run, on
 A run directory can come from anyone: every string read from it is HTML-escaped, every number is checked
 before it is drawn, grids are read only under their fixed names, and the page has no script and no
 reference outside itself (figures are base64 PNG data URIs, the CSS is inline). A figure whose data the
-run did not record is replaced by a one-line note, never drawn empty.
+run did not record is replaced by a one-line note, never drawn empty. The devices' reports are bounded in
+size before they are read, and each loss curve in them (:mod:`edge_sdk.curves`) is checked before it is
+drawn: a malformed one is skipped and named in a note, the other clients' curves are drawn.
 
 The figures are :mod:`server_kit.report_figures`, drawn here with mathtext off (a ``$`` in a name stays
 a ``$``).

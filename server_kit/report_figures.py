@@ -24,7 +24,7 @@ from common.checks import is_number
 from server_kit.grid import GRID_PADDING
 
 __all__ = [
-    "MAX_DRAWN_CLASSES", "MAX_DRAWN_CLIENTS", "MAX_NAMED_LINES", "class_labels", "client_figure",
+    "MAX_DRAWN_CLASSES", "MAX_DRAWN_CLIENTS", "MAX_NAMED_LINES", "Line", "class_labels", "client_figure",
     "clients_curve_figure", "curve_figure", "grid_figure", "lookup", "number", "numbers", "partition_figure",
     "per_class_figure", "personal_figure", "phase_figure", "png_uri", "series",
 ]  # fmt: skip

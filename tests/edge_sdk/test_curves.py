@@ -61,3 +61,9 @@ def test_a_malformed_record_is_refused_with_what_and_the_fix(record: object, mes
     with pytest.raises(DataError, match=message) as err:
         check_curve(record, "client 3: curves.classifier")
     assert str(err.value).startswith("client 3: curves.classifier") and "fix:" in str(err.value)
+
+
+def test_a_refusal_shows_a_hostile_value_cut() -> None:
+    with pytest.raises(DataError, match=r"\.\.\.; fix:") as err:
+        check_curve({"epoch": ["x" * 100_000], "loss": [1.0]}, "client 0: curves.cvae")
+    assert len(str(err.value)) < 400
