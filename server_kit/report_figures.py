@@ -16,6 +16,7 @@ from typing import Any
 
 import matplotlib.image
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
@@ -214,7 +215,7 @@ def clients_curve_figure(panels: dict[str, list[Line]]) -> Figure | None:
     return fig
 
 
-def _bands(ax: Any, lines: list[Line]) -> None:
+def _bands(ax: Axes, lines: list[Line]) -> None:
     """The median of the clients' values at each epoch, the band of their middle half and of their range."""
     at: dict[float, list[float]] = {}
     for _, epochs, values in lines:
