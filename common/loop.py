@@ -76,14 +76,17 @@ def fit_terms(
     desc: str = "train",
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
+    logged: tuple[str, ...] = (),
 ) -> list[dict[str, float]]:
     """The loop. Train for ``epochs`` of :func:`minibatches`; returns, per epoch, the mean of each named
     term over the samples of the epoch.
 
     ``terms_fn(idx)`` gives the named scalar terms of the batch of samples ``idx`` (on ``device``); the
-    optimizer steps on their sum (in the dict's order); the model and its data are the caller's. Each epoch
-    draws one permutation from ``generator``, before anything ``terms_fn`` draws from it. The terms are
-    summed on the device, weighted by batch size (no host sync per step), and read once at the epoch's end.
+    optimizer steps on their sum (in the dict's order) but for the ``logged`` ones, which get a curve only
+    (the parts of a loss the caller wants to see apart, detached); the model and its data are the caller's.
+    Each epoch draws one permutation from ``generator``, before anything ``terms_fn`` draws from it. The
+    terms are summed on the device, weighted by batch size (no host sync per step), and read once at the
+    epoch's end.
 
     ``stop()`` (a time budget's :meth:`common.timing.Deadline.expired`) is asked after every epoch but the
     last: True ends the training there, so the epoch during which a budget runs out is the last one and
@@ -99,7 +102,13 @@ def fit_terms(
         batches = minibatches(n, batch_size, generator=generator, device=device, lone_last=lone_last)
         for idx in batches:
             terms = terms_fn(idx)
-            step(optimizer, sum(terms.values()))  # type: ignore[arg-type]
+            trained = [value for name, value in terms.items() if name not in logged]
+            if not trained or not terms.keys() >= set(logged):
+                raise ConfigError(
+                    f"logged must name terms of the loss and leave one to train on, got {list(logged)} "
+                    f"of the terms {list(terms)}; fix: log only some of the terms terms_fn returns"
+                )
+            step(optimizer, sum(trained))  # type: ignore[arg-type]
             for name, value in terms.items():
                 weighted = value.detach() * len(idx)
                 totals[name] = totals[name] + weighted if name in totals else weighted

@@ -44,6 +44,8 @@ class TrainedModel:
     num_examples: int
     metrics: dict[str, Any]
     unknown_output: bool = False  # the module has num_classes + 1 outputs, the last "unknown"
+    # per epoch, the training's mean loss ({"train_loss": ...}): the report's curve, never in the bundle
+    history: tuple[dict[str, float], ...] = field(default=(), repr=False, compare=False)
     # the optimizer it was trained with, to go on training (the chosen finalist); never serialised
     optimizer: torch.optim.Optimizer | None = field(default=None, repr=False, compare=False)
 
@@ -60,6 +62,8 @@ class TrainedCVAE:
     num_examples: int
     latent_dim: int
     metrics: dict[str, Any]
+    # per epoch, the training's loss and its recon and KL parts: the report's curve, never in the bundle
+    history: tuple[dict[str, float], ...] = field(default=(), repr=False, compare=False)
 
 
 def decoder_bundle_path(out: str | Path) -> Path:

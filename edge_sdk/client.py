@@ -49,6 +49,7 @@ from common.timing import Clock, Deadline, timed
 from edge_sdk import __version__
 from edge_sdk.arch import family_of_text, parse_arch, with_num_classes
 from edge_sdk.artifacts import TrainedModel, bundle_cvae, bundle_model, decoder_bundle_path
+from edge_sdk.curves import curve_records
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import ArrayDataset, data_sha256, split_train_val
 from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet
@@ -265,6 +266,7 @@ def run_client(
         with timed(seconds, "cvae_export"):
             bundle_cvae(trained, profile, path, seed=config.seed)
         entry = {"bundle": path.name, "arch": trained.arch, "metrics": trained.metrics}
+        report["curves"] = report.get("curves", {}) | curve_records({"cvae": trained.history})
         if result is None:
             report |= entry | {"search": None}
             result = ClientResult(path, report_path, trained.arch, None, dict(trained.metrics), seconds, role)
@@ -342,6 +344,7 @@ def _train_finalists(
         cut = epochs < search_config.final_epochs
         best = dataclasses.replace(
             best,
+            history=trained_all[chosen].history + best.history,  # one curve over all its epochs
             metrics=best.metrics
             | {"final_epochs": epochs, "train_seconds": round(done + best.metrics["train_seconds"], 3)},
         )
@@ -495,6 +498,8 @@ def _run_classifier(
             "final_epochs": [trained.metrics["final_epochs"], config.search.final_epochs],
             "finalists": [len(finalists), len(result.finalists)],
         },
+        # the bundle's metrics are scalars: the per-epoch curves are the report's (edge_sdk.curves)
+        "curves": curve_records({"classifier": trained.history, "search": result.best_curve}),
     }
     return ClientResult(
         bundle_path=out,

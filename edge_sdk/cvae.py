@@ -49,7 +49,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from common.checks import check_int, from_preset
 from common.device import resolve_device
 from common.errors import ConfigError, DataError, SpecError
-from common.loop import fit
+from common.loop import fit_terms
 from common.seeding import seeded
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import ModelProfile, profile_model
@@ -578,10 +578,10 @@ def train_cvae(
     seed: int,
     device: str | torch.device = "cpu",
     progress: bool = False,
-) -> tuple[CVAE, list[float]]:
+) -> tuple[CVAE, list[dict[str, float]]]:
     """Build (seeded init) and train a CVAE on ``data`` (then fit its class prior, when the config has one);
-    returns (the model, in eval mode on CPU, and the
-    mean training loss of each epoch).
+    returns (the model, in eval mode on CPU, and per epoch the mean training ``loss`` = ``recon`` +
+    ``kl_weight`` x ``kl``, with its two parts).
 
     Batches are slices of a seeded permutation of the preloaded uint8 split; the noise comes from a
     generator seeded from ``seed`` too, so the same data, config and seed give the same weights. The
@@ -605,13 +605,13 @@ def train_cvae(
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     noise = _noise_generator(seed, 1, dev)
 
-    def batch_loss(idx: Tensor) -> Tensor:
+    def batch_terms(idx: Tensor) -> dict[str, Tensor]:
         eps = torch.randn((len(idx), config.latent_dim), generator=noise, device=dev)
         _, recon, kl = cvae_loss(model, to_float(x[idx]), y[idx], eps)
-        return recon + config.kl_weight * kl
+        return {"loss": recon + config.kl_weight * kl, "recon": recon.detach(), "kl": kl.detach()}
 
-    losses = fit(
-        batch_loss,
+    history = fit_terms(
+        batch_terms,
         optimizer,
         n=len(data),
         batch_size=config.batch_size,
@@ -620,10 +620,11 @@ def train_cvae(
         device=dev,
         desc="cvae",
         progress=progress,
+        logged=("recon", "kl"),  # the parts get their own curves; the step is on their weighted sum
     )
     if config.class_prior:
         fit_class_prior(model, data)
-    return model.cpu().eval(), losses
+    return model.cpu().eval(), history
 
 
 @torch.no_grad()

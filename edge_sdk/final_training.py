@@ -103,6 +103,7 @@ def train_final(
         metrics=metrics,
         unknown_output=unknown_output,
         optimizer=optimizer,
+        history=tuple({"train_loss": loss} for loss in losses),
     )
 
 
@@ -135,7 +136,7 @@ def train_cvae_final(
         )
     dev = resolve_device(device)
     start = time.perf_counter()
-    model, losses = train_cvae(train_split, config=config, seed=seed, device=dev, progress=progress)
+    model, history = train_cvae(train_split, config=config, seed=seed, device=dev, progress=progress)
     val = evaluate_cvae(model, val_split, seed=seed, device=dev)
     model = model.cpu().eval()
     metrics = {
@@ -144,7 +145,7 @@ def train_cvae_final(
         "epochs": config.epochs,
         "lr": float(config.lr),
         "batch_size": config.batch_size,
-        "train_loss": float(losses[-1]) if losses else float("nan"),
+        "train_loss": float(history[-1]["loss"]) if history else float("nan"),
         "val_loss": val["loss"],
         "val_recon": val["recon"],
         "val_kl": val["kl"],
@@ -160,4 +161,5 @@ def train_cvae_final(
         num_examples=len(train_split),
         latent_dim=model.latent_dim,
         metrics=metrics,
+        history=tuple(history),
     )

@@ -51,6 +51,7 @@ from common.seeding import seeded
 from common.timing import timed
 from common.torch_utils import frozen
 from edge_sdk.arch import build_model
+from edge_sdk.curves import curve_records
 from edge_sdk.cvae import build_cvae
 from edge_sdk.data import ArrayDataset, split_train_val
 from edge_sdk.train import evaluate, kd_loss_logits, to_float
@@ -477,6 +478,7 @@ def personalize(
         "size_bytes": {"fp32": len(fp32), "int8": len(int8)},
         "latency": latency,
         "training": stats,
+        "curves": curve_records({"personalize": stats["loss"]}),  # the report's figure (edge_sdk.curves)
         "seconds": seconds,
         "num_train": len(train_split),
         "num_val": len(val_split),

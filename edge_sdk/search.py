@@ -157,6 +157,8 @@ class SearchResult:
     finalists: tuple[str, ...] = ()
     budget_stopped: bool = False  # the time budget ended the search before its plan (see progress)
     progress: dict[str, list[int]] = field(default_factory=dict)  # [done, planned] per strategy loop
+    # the best spec's training loss per epoch (empty when a proxy scored it): the client report's curve
+    best_curve: tuple[dict[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.finalists:
@@ -257,4 +259,5 @@ def search(
         finalists=found.finalists,
         budget_stopped=ev.stopped,
         progress=found.progress,
+        best_curve=tuple({"train_loss": loss} for loss in ev.curves.get(str(best_spec), ())),
     )

@@ -6,7 +6,9 @@ from live objects, so ``server-kit report RUN_DIR`` redraws any finished run, on
 A run directory can come from anyone: every string read from it is HTML-escaped, every number is checked
 before it is drawn, grids are read only under their fixed names, and the page has no script and no
 reference outside itself (figures are base64 PNG data URIs, the CSS is inline). A figure whose data the
-run did not record is replaced by a one-line note, never drawn empty.
+run did not record is replaced by a one-line note, never drawn empty. The devices' reports are bounded in
+size before they are read, and each loss curve in them (:mod:`edge_sdk.curves`) is checked before it is
+drawn: a malformed one is skipped and named in a note, the other clients' curves are drawn.
 
 The figures are :mod:`server_kit.report_figures`, drawn here with mathtext off (a ``$`` in a name stays
 a ``$``).
@@ -26,12 +28,16 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from common.errors import DataError
+from edge_sdk.curves import check_curve
 from export.atomic import atomic_write_text
 from server_kit.report_figures import (
     MAX_DRAWN_CLASSES,
     MAX_DRAWN_CLIENTS,
+    MAX_NAMED_LINES,
+    Line,
     class_labels,
     client_figure,
+    clients_curve_figure,
     curve_figure,
     grid_figure,
     lookup,
@@ -44,7 +50,16 @@ from server_kit.report_figures import (
     series,
 )
 
-__all__ = ["GRIDS", "REPORT_FILE", "Run", "read_run", "render_report", "write_report"]
+__all__ = [
+    "DEVICE_CURVES",
+    "GRIDS",
+    "REPORT_FILE",
+    "Run",
+    "device_curves",
+    "read_run",
+    "render_report",
+    "write_report",
+]
 
 REPORT_FILE = "report.html"
 # the server's PNG grids (server_kit.grid, one row per class) the page embeds, by fixed name only
@@ -54,6 +69,16 @@ GRIDS = {
     "decoder_samples_filtered.png": "Decoder samples the centroid filter kept",
 }
 MAX_GRID_BYTES = 8 << 20  # a grid larger than this is not a grid the server wrote: skipped with a note
+MAX_DEVICE_REPORT_BYTES = 4 << 20  # a client's or a personalization's report (tens of KB): read no more
+# the device phases' curves (edge_sdk.curves) the page draws: phase -> (title, {term: its panel's y label});
+# personalization's terms depend on its method, so its one panel is their sum, the loss it trained on
+DEVICE_CURVES = {
+    "search": ("Search: the best candidate's training", {"train_loss": "train loss"}),
+    "classifier": ("Classifier: final training", {"train_loss": "train loss"}),
+    "cvae": ("CVAE training", {"recon": "reconstruction (BCE)", "kl": "KL"}),
+    "personalize": ("Personalization: on-device training", {}),
+}
+MAX_LISTED_SKIPS = 5  # malformed curves named in a note; the rest are counted
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -91,13 +116,13 @@ def read_run(run_dir: Path) -> Run:
     clients: dict[int, dict[str, Any]] = {}
     for path in sorted((run_dir / "clients").glob("client_*.bundle.report.json")):
         index = path.name.removeprefix("client_").split(".", 1)[0]
-        report = _read_json(path)
+        report = _read_json(path, limit=MAX_DEVICE_REPORT_BYTES)
         if index.isdigit() and report is not None:
             clients[int(index)] = report
     personal = []
     for path in sorted((run_dir / "personal").glob("client_*/*/report.json")):
         index = path.parent.parent.name.removeprefix("client_")
-        report = _read_json(path)
+        report = _read_json(path, limit=MAX_DEVICE_REPORT_BYTES)
         if index.isdigit() and report is not None:
             personal.append((int(index), path.parent.name, report))
     grids = {}
@@ -115,8 +140,9 @@ def read_run(run_dir: Path) -> Run:
     )
 
 
-def _read_json(path: Path, *, required: bool = False) -> dict[str, Any] | None:
-    """A JSON object, or None when the file is absent (a DataError when ``required`` or malformed)."""
+def _read_json(path: Path, *, required: bool = False, limit: int | None = None) -> dict[str, Any] | None:
+    """A JSON object, or None when the file is absent (a DataError when ``required``, malformed or, with
+    ``limit``, larger than that many bytes: checked before it is read)."""
     if not path.is_file():
         if required:
             raise DataError(
@@ -124,6 +150,12 @@ def _read_json(path: Path, *, required: bool = False) -> dict[str, Any] | None:
                 "of a finished `server-kit simulate` run (results.json is written when it ends)"
             )
         return None
+    size = path.stat().st_size
+    if limit is not None and size > limit:
+        raise DataError(
+            f"expected {path} to be at most {limit} bytes, got {size}; fix: remove the file, which no "
+            "client of this toolkit wrote, or rerun the step that wrote it"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
@@ -178,10 +210,57 @@ def _loss_sections(run: Run) -> Iterator[str]:
     for key, title, curves, xlabel in phases:
         fig = curve_figure(curves, xlabel) if curves else None
         yield _section(f"loss-{key}", title, fig, f"per {xlabel}", f"no {title.lower()} recorded in this run")
-    yield (
-        '<p class="note" id="note-loss-clients">client training and CVAE: the client reports record '
-        "the final losses only (the clients table), no curve</p>"
-    )
+
+
+def device_curves(run: Run, phase: str) -> tuple[list[tuple[str, dict[str, list[float]]]], list[str]]:
+    """(legend name, checked record) of each client report (personalization: each client and method) that
+    records the phase's curve, and why each malformed one was skipped."""
+    if phase == "personalize":
+        sources = [(f"client {k} {str(method)[:24]}", report) for k, method, report in run.personal]
+    else:
+        sources = [(f"client {k} ({str(r.get('role'))[:24]})", r) for k, r in sorted(run.clients.items())]
+    drawn, skipped = [], []
+    for name, report in sources:
+        curves = report.get("curves")
+        if curves is None or (isinstance(curves, dict) and phase not in curves):
+            continue  # the phase did not run there, or a report of an SDK before the curves
+        try:
+            if not isinstance(curves, dict):
+                raise DataError(f"{name}: curves must be a dict of phases, got {type(curves).__name__}")
+            drawn.append((name, check_curve(curves[phase], f"{name}: curves.{phase}")))
+        except DataError as err:
+            skipped.append(str(err))
+    return drawn, skipped
+
+
+def _device_section(run: Run, phase: str) -> str:
+    """A device phase's figure (one line per client, or their median and bands), and a note naming the
+    curves skipped as malformed."""
+    title, terms = DEVICE_CURVES[phase]
+    drawn, skipped = device_curves(run, phase)
+    panels: dict[str, list[Line]] = {label: [] for label in terms.values()} or {"loss (sum of its terms)": []}
+    for name, record in drawn:
+        columns = {label: record[term] for term, label in terms.items() if term in record}
+        if not terms:  # the loss personalization stepped on: the sum of its terms (NaN where one is)
+            parts = [values for key, values in record.items() if key != "epoch"]
+            columns = {"loss (sum of its terms)": [sum(v) for v in zip(*parts, strict=True)]}
+        for label, values in columns.items():
+            panels[label].append((name, record["epoch"], values))
+    section = _section(
+        f"loss-{phase}", title, clients_curve_figure(panels),
+        f"per epoch, one line per {'client and method' if phase == 'personalize' else 'client (its role)'} "
+        f"up to {MAX_NAMED_LINES}, beyond them the median over them with the bands of their middle half and "
+        "range (the curves of the clients' reports)",
+        f"no client report records a {phase} curve (of at most {MAX_DRAWN_CLIENTS} clients)",
+    )  # fmt: skip
+    if skipped:
+        listed = "; ".join(skipped[:MAX_LISTED_SKIPS])
+        more = f"; and {len(skipped) - MAX_LISTED_SKIPS} more" if len(skipped) > MAX_LISTED_SKIPS else ""
+        section += (
+            f'<p class="note" id="note-skipped-{phase}">skipped {len(skipped)} malformed {phase} '
+            f"curve(s): {_esc(listed + more)}</p>"
+        )
+    return section
 
 
 def _header(run: Run) -> str:
@@ -266,6 +345,7 @@ def render_report(run: Run) -> str:
             _section("per-class", "Global model per class", per_class if labels else None,
                      "the global model's accuracy on each class of the test split (server/report.json)",
                      "the server report has no per-class accuracy (no evaluation set)"),
+            *(_device_section(run, phase) for phase in ("search", "classifier", "cvae")),
             *_loss_sections(run),
             "<h2>Synthetic samples</h2>",
         ]  # fmt: skip
@@ -279,6 +359,7 @@ def render_report(run: Run) -> str:
             _section("personal", "Personalization", personal_figure(run.personal),
                      "local validation accuracy before (own model, global model) and after personalization",
                      "no personalization reports (personal/client_XX/METHOD/report.json)"),
+            _device_section(run, "personalize"),
         ]  # fmt: skip
     sources = lookup(server, "synthetic_sources")
     if isinstance(sources, dict):

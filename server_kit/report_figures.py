@@ -10,25 +10,33 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import struct
 from typing import Any
 
 import matplotlib.image
+import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from common.checks import is_number
 from server_kit.grid import GRID_PADDING
 
 __all__ = [
-    "MAX_DRAWN_CLASSES", "MAX_DRAWN_CLIENTS", "class_labels", "client_figure", "curve_figure", "grid_figure",
-    "lookup", "number", "numbers", "partition_figure", "per_class_figure", "personal_figure", "phase_figure",
-    "png_uri", "series",
+    "MAX_DRAWN_CLASSES", "MAX_DRAWN_CLIENTS", "MAX_NAMED_LINES", "Line", "class_labels", "client_figure",
+    "clients_curve_figure", "curve_figure", "grid_figure", "lookup", "number", "numbers", "partition_figure",
+    "per_class_figure", "personal_figure", "phase_figure", "png_uri", "series",
 ]  # fmt: skip
 
 MAX_GRID_PIXELS = 4_000_000  # read from the PNG header before anything is decoded
 MAX_DRAWN_CLIENTS = 200  # beyond these a figure would be unreadable (and huge): a note instead
 MAX_DRAWN_CLASSES = 100
+# a curve figure draws up to these clients as lines named in its legend; beyond, the median over the
+# clients and the bands of their middle half and range (100 named lines are a tangle nobody can read)
+MAX_NAMED_LINES = 10
+LOG_SCALE_RATIO = 20.0  # a panel whose positive values span this factor or more gets a log y axis
 # class names of the datasets that have them beyond their index (edge_sdk.data.DATASETS)
 CLASS_NAMES = {
     "fashionmnist": ("T-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
@@ -167,6 +175,67 @@ def curve_figure(curves: dict[str, list[float]], xlabel: str) -> Figure:
     if len(curves) > 1:
         ax.legend(fontsize=7, ncol=2)
     return fig
+
+
+Line = tuple[str, list[float], list[float]]  # (legend name, epochs, values; NaN where not recorded)
+
+
+def clients_curve_figure(panels: dict[str, list[Line]]) -> Figure | None:
+    """Per-epoch curves of many clients, one panel per term (keyed by its y label): a named line per client
+    up to :data:`MAX_NAMED_LINES` (the same color for a client in every panel, one legend), beyond them
+    the median over the clients at each epoch with the bands of their middle half and of their range.
+    None when no panel has a line, or a panel has more than :data:`MAX_DRAWN_CLIENTS`."""
+    panels = {label: lines for label, lines in panels.items() if lines}
+    if not panels or any(len(lines) > MAX_DRAWN_CLIENTS for lines in panels.values()):
+        return None
+    named = max(len(lines) for lines in panels.values()) <= MAX_NAMED_LINES
+    fig = Figure(figsize=(3.6 * len(panels) + 1.8, 3.0), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (ylabel, lines) in zip(axes, panels.items(), strict=True):
+        if named:
+            for name, epochs, values in lines:
+                ax.plot(epochs, values, label=name, linewidth=1.2, marker="o" if len(epochs) <= 3 else None,
+                        markersize=3)  # fmt: skip
+        else:
+            _bands(ax, lines)
+        finite = [v for _, _, values in lines for v in values if math.isfinite(v)]
+        if finite and min(finite) > 0 and max(finite) >= LOG_SCALE_RATIO * min(finite):
+            ax.set_yscale("log")  # ticks as plain numbers: the default's are mathtext, which is off
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        epochs = sorted({e for _, x, _ in lines for e in x})
+        if len(epochs) == 1:  # one epoch: a tick at it, not a range of fractions around it
+            ax.set_xlim(epochs[0] - 1, epochs[0] + 1)
+            ax.set_xticks(epochs)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    return fig
+
+
+def _bands(ax: Axes, lines: list[Line]) -> None:
+    """The median of the clients' values at each epoch, the band of their middle half and of their range."""
+    at: dict[float, list[float]] = {}
+    for _, epochs, values in lines:
+        for epoch, value in zip(epochs, values, strict=True):
+            if math.isfinite(value):
+                at.setdefault(epoch, []).append(value)
+    epochs = sorted(at)
+    if not epochs:
+        return
+    low, q1, median, q3, high = np.array([np.quantile(at[e], [0, 0.25, 0.5, 0.75, 1]) for e in epochs]).T
+    color = "#4c72b0"
+    if len(epochs) == 1:  # a band of one epoch has no width: drawn as bars across the values
+        ax.vlines(epochs, low, high, color=color, alpha=0.3, linewidth=8, label="range")
+        ax.vlines(epochs, q1, q3, color=color, alpha=0.6, linewidth=8, label="middle half")
+    else:
+        ax.fill_between(epochs, low, high, color=color, alpha=0.15, linewidth=0, label="range")
+        ax.fill_between(epochs, q1, q3, color=color, alpha=0.35, linewidth=0, label="middle half")
+    marker = "o" if len(epochs) <= 3 else None
+    ax.plot(epochs, median, color=color, linewidth=1.4, marker=marker, markersize=4,
+            label=f"median of {len(lines)} clients")  # fmt: skip
 
 
 def grid_figure(png: bytes, labels: list[str]) -> Figure | None:

@@ -99,6 +99,7 @@ class Evaluator:
     final_samples: int = 0  # images of the final training (the whole split; candidates see a subset)
     deadline: Deadline | None = None  # the search's share of the device's time budget (None: unbounded)
     stopped: bool = False  # a strategy asked for more time than was left and stopped (out_of_time)
+    curves: dict[str, list[float]] = field(default_factory=dict)  # spec -> its training's loss per epoch
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -214,7 +215,7 @@ class Evaluator:
             batch_size=self.config.batch_size,
             precision=self.precision,
         )
-        train(model, self.train_split, config=config, seed=seed, device=self.device)
+        self.curves[key] = train(model, self.train_split, config=config, seed=seed, device=self.device)
         loss, _ = evaluate(model, self.val_split, device=self.device, precision=self.precision)
         return loss if math.isfinite(loss) else math.inf  # a diverged candidate is never the best
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
-from common.loop import fit, minibatches, step
+from common.loop import fit, fit_terms, minibatches, step
 
 
 def _sizes(batches: list[torch.Tensor]) -> list[int]:
@@ -113,3 +113,43 @@ def test_stop_is_asked_between_epochs_and_ends_the_training(
         stop=stop,
     )
     assert (len(losses), len(calls)) == (epochs_run, asked)
+
+
+def test_logged_terms_get_a_curve_and_leave_the_steps_alone() -> None:
+    """A logged term (a part of the loss to see apart) is averaged like the others but never stepped on:
+    the weights and the loss curve are those of the loss alone."""
+    x = torch.randn(9, 3, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(9, 1, generator=torch.Generator().manual_seed(2))
+    runs = []
+    for logged in (True, False):
+        model = nn.Linear(3, 1)
+        with torch.no_grad():
+            model.weight.fill_(0.1)
+            model.bias.zero_()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def terms(
+            idx: torch.Tensor, model: nn.Module = model, logged: bool = logged
+        ) -> dict[str, torch.Tensor]:
+            loss = nn.functional.mse_loss(model(x[idx]), y[idx])
+            return {"loss": loss, "tripled": 3 * loss.detach()} if logged else {"loss": loss}
+
+        history = fit_terms(
+            terms, opt, n=9, batch_size=4, epochs=2, generator=torch.Generator().manual_seed(5),
+            device=torch.device("cpu"), logged=("tripled",) if logged else (),
+        )  # fmt: skip
+        runs.append((history, model))
+    (logged_history, logged_model), (plain_history, plain_model) = runs
+    assert [e["loss"] for e in logged_history] == [e["loss"] for e in plain_history]
+    assert [e["tripled"] for e in logged_history] == pytest.approx([3 * e["loss"] for e in plain_history])
+    assert torch.equal(logged_model.weight, plain_model.weight)
+
+
+@pytest.mark.parametrize("logged", [("loss",), ("missing",)])
+def test_logged_terms_must_be_some_of_the_terms(logged: tuple[str, ...]) -> None:
+    w = nn.Parameter(torch.ones(1))
+    with pytest.raises(ConfigError, match="logged must name terms of the loss"):
+        fit_terms(
+            lambda idx: {"loss": (w * idx.float()).sum()}, torch.optim.SGD([w], lr=0.1), n=4, batch_size=2,
+            epochs=1, generator=torch.Generator(), device=torch.device("cpu"), logged=logged,
+        )  # fmt: skip

@@ -11,6 +11,7 @@ import pytest
 
 from common.errors import ConfigError
 from edge_sdk.client import ClientConfig, run_client
+from edge_sdk.curves import check_curve
 from edge_sdk.data import load_dataset
 from edge_sdk.strategies.pso import PSOConfig
 from export.bundle import read_bundle
@@ -39,6 +40,16 @@ def test_run_client_keeps_the_most_accurate_finalist(tmp_path: Path) -> None:
     assert bundle.arch == result.arch == chosen["arch"]
     assert bundle.metrics["val_accuracy"] == chosen["final_val_accuracy"] and bundle.metrics["finalists"] == 3
     assert bundle.metrics["final_epochs"] == 4
+    # the report's curves: the chosen finalist's training over all its 4 epochs (1 shared, then 3), its
+    # last point the bundle's final train loss; the best candidate's one search epoch; no CVAE
+    curves = report["curves"]
+    assert set(curves) == {"classifier", "search"}
+    classifier = check_curve(curves["classifier"], "classifier")
+    assert classifier["epoch"] == [1, 2, 3, 4] and set(classifier) == {"epoch", "train_loss"}
+    assert classifier["train_loss"][-1] == pytest.approx(bundle.metrics["train_loss"], rel=1e-5)
+    assert classifier["train_loss"][-1] < classifier["train_loss"][0]
+    assert check_curve(curves["search"], "search")["epoch"] == list(range(1, search.epochs + 1))
+    assert all(not isinstance(v, list) for v in bundle.metrics.values())  # the manifest stays scalar
 
 
 def test_finalist_share_one_trains_every_finalist_fully(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import torch
 from common.errors import BudgetError, ConfigError, ExportError, SpecError
 from edge_sdk.artifacts import decoder_bundle_path
 from edge_sdk.client import ClientConfig, run_client
+from edge_sdk.curves import check_curve
 from edge_sdk.cvae import (
     CVAEConfig,
     build_cvae,
@@ -259,9 +260,14 @@ def test_loss_is_summed_bce_plus_kl_per_sample() -> None:
 def test_training_lowers_loss_and_is_deterministic(digits: ArrayDataset) -> None:
     config = CVAEConfig(epochs=4, batch_size=32)
     state = torch.get_rng_state()
-    model, losses = train_cvae(digits, config=config, seed=3)
+    model, history = train_cvae(digits, config=config, seed=3)
     assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is untouched
+    losses = [epoch["loss"] for epoch in history]
     assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]
+    # the curve of each part: the loss of every epoch is their sum (beta = 1), both parts positive
+    for epoch in history:
+        assert epoch["recon"] > 0 and epoch["kl"] > 0
+        assert epoch["loss"] == pytest.approx(epoch["recon"] + epoch["kl"], rel=1e-5)
     with torch.random.fork_rng():  # the same seeded init train_cvae starts from
         torch.manual_seed(3)
         untrained = build_cvae("cvae-small", digits.input_shape, 10, 2)
@@ -272,7 +278,11 @@ def test_training_lowers_loss_and_is_deterministic(digits: ArrayDataset) -> None
     for (key, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b), key
     # beta = 1 is the ELBO itself; a larger beta trains another model, which keeps less of x in z
-    beta, _ = train_cvae(digits, config=dataclasses.replace(config, kl_weight=4.0), seed=3)
+    beta, beta_history = train_cvae(digits, config=dataclasses.replace(config, kl_weight=4.0), seed=3)
+    # the KL curve is the unweighted KL; the loss weighs it by beta
+    assert beta_history[0]["loss"] == pytest.approx(
+        beta_history[0]["recon"] + 4 * beta_history[0]["kl"], rel=1e-5
+    )
     assert evaluate_cvae(beta, digits, seed=0)["kl"] < after["kl"]
 
 
@@ -367,6 +377,14 @@ def test_run_client_cvae_writes_decoder_bundle(digits: ArrayDataset, tmp_path: P
     assert x.shape == (3, 1, 8, 8)
     report = json.loads(result.report_path.read_text())
     assert report["role"] == "cvae" and report["search"] is None and report["config"]["cvae"]["epochs"] == 2
+    # the CVAE's curves per epoch: the loss it trained on and its two parts; the last loss is the bundle's
+    assert set(report["curves"]) == {"cvae"}
+    curve = check_curve(report["curves"]["cvae"], "cvae")
+    assert set(curve) == {"epoch", "loss", "recon", "kl"} and curve["epoch"] == [1, 2]
+    assert curve["loss"][-1] == pytest.approx(bundle.metrics["train_loss"], rel=1e-5)
+    assert curve["loss"] == pytest.approx(
+        [r + k for r, k in zip(curve["recon"], curve["kl"], strict=True)], rel=1e-4
+    )
 
 
 def test_run_client_both_and_budget(digits: ArrayDataset, tmp_path: Path) -> None:
@@ -382,6 +400,9 @@ def test_run_client_both_and_budget(digits: ArrayDataset, tmp_path: Path) -> Non
     report = json.loads(result.report_path.read_text())
     assert report["bundle"] == "c.bundle" and report["decoder"]["bundle"] == "c.decoder.bundle"
     assert {"search", "train", "export", "cvae_train", "cvae_export"} <= set(report["seconds"])
+    # both phases' curves in the one report (the fixed strategy trains its one candidate: a search curve)
+    assert set(report["curves"]) == {"search", "classifier", "cvae"}
+    assert [len(report["curves"][p]["epoch"]) for p in ("classifier", "cvae")] == [1, 1]
     small = DeviceProfile(
         name="band", memory_mb=64, gflops=1.0, max_flops=10**6, max_params=10_000, role="cvae"
     )
@@ -400,6 +421,8 @@ def test_cli_run_role_cvae(digits: ArrayDataset, tmp_path: Path, capsys: pytest.
     argv += ["--role", "cvae", "--cvae-model", "cvae-small", "--latent-dim", "3", "--cvae-epochs", "1"]
     assert main([*argv, "--cvae-lr", "0.01"]) == 0
     assert "cvae_decoder" in capsys.readouterr().out
+    report = json.loads(out.with_name(out.name + ".report.json").read_text())
+    assert report["curves"]["cvae"]["epoch"] == [1]  # edge-sdk run's own report carries the curves
     bundle = read_bundle(out)
     assert (bundle.kind, bundle.latent_dim, bundle.metrics["lr"], bundle.metrics["epochs"]) == (
         "cvae_decoder",

@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 from common.errors import BundleError, ConfigError
 from edge_sdk.arch import build_model
 from edge_sdk.cli import main as edge_main
+from edge_sdk.curves import check_curve
 from edge_sdk.data import ArrayDataset, save_client_data
 from edge_sdk.personalize import PersonalizeConfig, personalize, pkt_loss, update_alpha
 from export.bundle import read_bundle
@@ -166,6 +167,9 @@ def test_each_method_writes_deployable_models(federation, bundles, method):  # n
     assert report["size_bytes"]["int8"] > 0 and report["latency"]["fp32"]["batch_1_ms"] > 0
     if method == "kdg":
         assert set(report["training"]["loss"][0]) == {"ce", "dis", "lat", "tea", "disg"}
+    # the report's curve (edge_sdk.curves): the training's terms, per epoch
+    curve = check_curve(report["curves"]["personalize"], "personalize")
+    assert curve["epoch"] == [1] and set(curve) - {"epoch"} == set(report["training"]["loss"][0])
     if method == "pkt":
         assert 0 <= report["training"]["alpha"]["min"] <= 1
 

@@ -15,7 +15,8 @@ from PIL import Image
 
 from common.errors import DataError
 from server_kit.cli import main
-from server_kit.report import REPORT_FILE, write_report
+from server_kit.report import MAX_DEVICE_REPORT_BYTES, REPORT_FILE, device_curves, read_run, write_report
+from server_kit.report_figures import MAX_NAMED_LINES, clients_curve_figure
 
 TINY = [
     "simulate", "--dataset", "digits", "--num-clients", "2", "--alpha", "1.0", "--seed", "0", "--quiet",
@@ -27,10 +28,11 @@ TINY = [
 # what the tiny run records: every figure but the phases it does not run (fusion, adversarial rounds) and
 # personalization (not part of a simulate run)
 RUN_FIGURES = {
-    "partition", "clients", "per-class", "loss-distill", "loss-generator", "grid-pseudo-images",
-    "grid-decoder-samples", "grid-decoder-samples-filtered", "phases",
+    "partition", "clients", "per-class", "loss-search", "loss-classifier", "loss-cvae", "loss-distill",
+    "loss-generator", "grid-pseudo-images", "grid-decoder-samples", "grid-decoder-samples-filtered", "phases",
 }  # fmt: skip
-EVERY_FIGURE = RUN_FIGURES | {"loss-fusion", "loss-adversarial", "personal"}
+PERSONAL = {"personal", "loss-personalize"}
+EVERY_FIGURE = RUN_FIGURES | {"loss-fusion", "loss-adversarial"} | PERSONAL
 DATA_URI = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=]+)")
 
 
@@ -65,7 +67,7 @@ def test_simulate_writes_a_self_contained_report_beside_results(run):
     page = (run / REPORT_FILE).read_text()
     assert (run / "results.json").is_file()
     assert figures(page) == RUN_FIGURES
-    assert notes(page) == {"loss-fusion", "loss-adversarial", "loss-clients", "personal"}
+    assert notes(page) == {"loss-fusion", "loss-adversarial"} | PERSONAL
     # every image is an inline PNG, and nothing else is referenced: no script, stylesheet or link
     sources = re.findall(r'src="([^"]*)"', page)
     assert len(sources) == len(RUN_FIGURES) == page.count("<img")
@@ -107,11 +109,12 @@ def test_every_figure_is_drawn_when_the_run_has_its_data(run, tmp_path):
             "val_accuracy_before": {"own_model": 0.8, "global_model": 0.7},
             "val_accuracy": {"fp32": after, "int8": after - 0.01},
             "kept": "fp32",
+            "curves": {"personalize": {"epoch": [1, 2, 3], "ce": [1.2, 0.8, 0.6], "pkt": [0.3, 0.2, 0.2]}},
         }
         (personal / "report.json").write_text(json.dumps(report))
     page = write_report(copy).read_text()
     assert figures(page) == EVERY_FIGURE
-    assert notes(page) == {"loss-clients"}  # the client reports hold final losses only, never a curve
+    assert notes(page) == set()
 
 
 def test_absent_or_malformed_data_gives_a_note_never_an_empty_figure(run, tmp_path):
@@ -120,7 +123,7 @@ def test_absent_or_malformed_data_gives_a_note_never_an_empty_figure(run, tmp_pa
     shutil.copy(run / "results.json", copy / "results.json")
     page = write_report(copy).read_text()
     assert figures(page) == {"clients", "phases"}  # results.json alone holds these two
-    assert notes(page) == EVERY_FIGURE - {"clients", "phases"} | {"loss-clients"}
+    assert notes(page) == EVERY_FIGURE - {"clients", "phases"}
 
     (copy / "data").mkdir()
     partition = json.loads((run / "data" / "partition.json").read_text())
@@ -227,3 +230,72 @@ def test_every_image_loads_in_headless_chromium(run, tmp_path):
         check=True,
     )
     assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and shot.stat().st_size > 10_000
+
+
+def test_each_device_phase_has_a_figure_with_a_line_per_client(run):
+    """The curves of the clients' reports, one figure per device phase, each client's curve as written."""
+    for k in (0, 1):
+        report = json.loads((run / "clients" / f"client_{k:02d}.bundle.report.json").read_text())
+        curves = report["curves"]
+        assert set(curves) == {"search", "classifier", "cvae"}  # both roles: laptop and pi train both
+        assert curves["classifier"]["epoch"] == [1, 2, 3] and curves["cvae"]["epoch"] == [1, 2]
+        assert set(curves["cvae"]) == {"epoch", "loss", "recon", "kl"}
+    drawn, skipped = device_curves(read_run(run), "cvae")
+    assert [name for name, _ in drawn] == ["client 0 (both)", "client 1 (both)"] and skipped == []
+
+
+def test_a_malformed_curve_is_skipped_with_a_note_never_a_crash(run, tmp_path):
+    copy = copy_run(run, tmp_path / "run")
+
+    def break_client_0(report):
+        report["curves"]["classifier"]["train_loss"] = [1.0]  # 3 epochs, 1 value
+        report["curves"]["cvae"] = "low"
+        report["curves"]["search"] = {"epoch": [], "train_loss": []}
+
+    def break_client_1(report):
+        report["curves"]["search"] = {"epoch": [1], "train_loss": ["<b>x</b>"]}
+
+    edit_json(copy / "clients" / "client_00.bundle.report.json", break_client_0)
+    edit_json(copy / "clients" / "client_01.bundle.report.json", break_client_1)
+    page = write_report(copy).read_text()
+    # client 1's classifier and CVAE curves are still drawn; no search curve is left to draw
+    assert figures(page) == RUN_FIGURES - {"loss-search"}
+    assert notes(page) == {"loss-fusion", "loss-adversarial", "loss-search"} | PERSONAL | {
+        "skipped-search",
+        "skipped-classifier",
+        "skipped-cvae",
+    }
+    skipped = re.search(r'id="note-skipped-classifier">(.*?)</p>', page).group(1)
+    assert "skipped 1 malformed classifier curve(s): client 0 (both): curves.classifier.train_loss" in skipped
+    assert "must be a list of 3 values" in skipped and "fix:" in skipped
+    assert "skipped 2 malformed search curve(s)" in page and "&lt;b&gt;x&lt;/b&gt;" in page  # escaped
+
+    # a report of an SDK before the curves: nothing to draw, nothing malformed; curves not a dict: malformed
+    edit_json(copy / "clients" / "client_00.bundle.report.json", lambda r: r.pop("curves"))
+    edit_json(copy / "clients" / "client_01.bundle.report.json", lambda r: r.update(curves=[1, 2]))
+    page = write_report(copy).read_text()
+    assert not figures(page) & {"loss-search", "loss-classifier", "loss-cvae"}
+    assert "client 1 (both): curves must be a dict of phases, got list" in page
+
+
+def test_a_client_report_too_large_is_refused_before_it_is_read(run, tmp_path):
+    copy = copy_run(run, tmp_path / "run")
+    path = copy / "clients" / "client_00.bundle.report.json"
+    path.write_text(json.dumps({"pad": "x" * MAX_DEVICE_REPORT_BYTES}))
+    with pytest.raises(DataError, match=r"to be at most 4194304 bytes, got 41943\d\d; fix:"):
+        write_report(copy)
+
+
+@pytest.mark.parametrize("clients", [5, 100])
+def test_a_curve_figure_names_a_few_clients_and_summarises_many(clients):
+    lines = [(f"client {k} (both)", [1.0, 2.0, 3.0], [2.0 + k, 1.0 + k, 0.5 + k]) for k in range(clients)]
+    fig = clients_curve_figure({"recon": lines, "KL": lines})
+    assert [ax.get_ylabel() for ax in fig.axes] == ["recon", "KL"]
+    legend = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+    if clients <= MAX_NAMED_LINES:
+        assert legend == [name for name, _, _ in lines] and len(fig.axes[0].lines) == clients
+    else:  # the median of every epoch, and the bands of the middle half and the range
+        assert legend == ["range", "middle half", "median of 100 clients"]
+        assert list(fig.axes[0].lines[0].get_ydata()) == [51.5, 50.5, 50.0]
+    assert clients_curve_figure({"recon": []}) is None
+    assert clients_curve_figure({"recon": [lines[0]] * 201}) is None  # more than MAX_DRAWN_CLIENTS (200)
