@@ -37,7 +37,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -71,7 +71,8 @@ __all__ = [
     "train_cvae",
 ]
 
-MODELS = ("cvae-small", "cvae-large")
+CVAEModel = Literal["cvae-small", "cvae-large"]
+MODELS: tuple[str, ...] = get_args(CVAEModel)
 HIDDEN_UNITS = 256  # both reference CVAEs
 _ARCH_RE = re.compile(r"^(cvae-small|cvae-large)-z([1-9][0-9]*)$")
 
@@ -111,7 +112,7 @@ class CVAEConfig:
             less of each image and the decoder leans on the label; validation reports the ELBO either way.
     """
 
-    model: str = "cvae-small"
+    model: CVAEModel = "cvae-small"
     latent_dim: int = 20
     epochs: int = 20
     lr: float = 3e-3
