@@ -3,8 +3,9 @@ codes, logging, ``--format``, argparse types that check output paths at parse ti
 
 `edge-sdk` and `server-kit` are thin: each sub-command builds a config, calls one library function and
 returns an :class:`Output`. What is left is here, once, so both CLIs word their errors, exit codes,
-``--debug``, ``--format`` and ``--verbose`` / ``--quiet`` alike. Stdlib only (no torch): ``--help`` and a
-usage error stay instant.
+``--debug``, ``--format`` and ``--verbose`` / ``--quiet`` alike. Stdlib only (no torch): the top-level
+``--help`` stays instant; a sub-command's options, generated from its config classes
+(:mod:`common.config_args`), are built only when that command is parsed, which imports its library.
 
 Exit codes: 0 success; 2 a usage error (argparse, or a ``ConfigError``: an option, a preset, a profile or a
 config file the command cannot take, nothing ran); 1 a runtime error (any other ``ToolkitError``, an
