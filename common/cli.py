@@ -170,6 +170,13 @@ class _Parser(argparse.ArgumentParser):
         build, self.build = self.build, None
         if build is not None:
             build(self)
+            if self.usage is None:  # one option per config field: too many for the usage line
+                words = [
+                    f"{a.dest} [{a.dest} ...]" if a.nargs == "+" else a.dest
+                    for a in self._actions
+                    if not a.option_strings and a.dest != argparse.SUPPRESS
+                ]
+                self.usage = " ".join(["%(prog)s [options]", *words])
         return self
 
     def parse_known_args(  # type: ignore[override]
