@@ -248,9 +248,10 @@ def _boolean(text: str) -> bool:
     return words[text.strip().lower()]
 
 
-def _parser_of(flag: Flag) -> tuple[Callable[[str], Any], str, tuple[Any, ...] | None]:
-    """The argparse ``type`` of a flag (named for argparse's "invalid <name> value"), its metavar and
-    its choices."""
+def _parser_of(flag: Flag) -> tuple[Callable[[str], Any], str]:
+    """The argparse ``type`` of a flag (named for argparse's "invalid <name> value") and its metavar. A
+    ``Literal`` field's choices are checked by the type, not by argparse's ``choices``, so ``none``
+    passes where the field is optional."""
     hint = flag.hint
     choices: tuple[Any, ...] | None = None
     if typing.get_origin(hint) is typing.Literal:
@@ -282,7 +283,7 @@ def _parser_of(flag: Flag) -> tuple[Callable[[str], Any], str, tuple[Any, ...] |
         return value
 
     parse.__name__ = name
-    return parse, metavar, choices
+    return parse, metavar
 
 
 def _help(flag: Flag) -> str:
@@ -319,11 +320,10 @@ def add_config_args(
                 help=_help(flag),
             )
             continue
-        convert, metavar, choices = _parser_of(flag)
+        convert, metavar = _parser_of(flag)
         target.add_argument(
             flag.option, dest=flag.dest, type=convert, metavar=metavar, default=None, help=_help(flag)
         )
-        del choices  # checked by the type (so "none" passes where the field is optional)
     return flags
 
 
