@@ -82,7 +82,7 @@ def _attributes_section(docstring: str) -> dict[str, str]:
         start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:")
     except StopIteration:
         return docs
-    name = None
+    current: list[str] = []  # the names of the entry being read ("lr, batch_size: ..." documents two)
     indent = None
     for line in lines[start + 1 :]:
         if not line.strip():
@@ -93,13 +93,12 @@ def _attributes_section(docstring: str) -> dict[str, str]:
         indent = width if indent is None else indent
         match = _NAMES.match(line.strip())
         if width == indent and match:
-            names = [n.strip() for n in match.group(1).split(",")]
-            name = names[0]
-            for each in names:
-                docs[each] = match.group(2).strip()
-        elif name is not None and width > indent:
-            for each in [k for k, v in docs.items() if v == docs[name]]:
-                docs[each] += " " + line.strip()
+            current = [n.strip() for n in match.group(1).split(",")]
+            for name in current:
+                docs[name] = match.group(2).strip()
+        elif width > indent:
+            for name in current:
+                docs[name] += " " + line.strip()
     return docs
 
 
