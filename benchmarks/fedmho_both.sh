@@ -21,7 +21,7 @@ for report in "$src"/clients/client_*.bundle.report.json; do
   [ -f "$out" ] || /usr/bin/time -v -o "$keep/${name}_decoder_time.txt" .venv/bin/edge-sdk run --quiet \
     --data "$src/data/$name.npz" --profile laptop-cpu --role cvae --cvae-preset mnist --seed "$k" --out "$out"
 done
-cmd=(.venv/bin/server-kit aggregate "$run"/clients/*.bundle --out "$run/server" --synth decoder --fusion md
+cmd=(.venv/bin/server-kit aggregate "$run"/clients/*.bundle --out "$run/server" --synth decoder --fusion-mode md
      --fusion-preset mnist --threads 1 --quiet --eval "$src/data/test.npz")
 printf '%q ' "${cmd[@]}" > "$keep/command.txt"
 echo >> "$keep/command.txt"

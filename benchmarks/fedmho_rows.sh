@@ -31,14 +31,14 @@ variant() {  # NAME [aggregate options]
     --threads 1 --quiet --eval "$run/data/test.npz" "$@" > /dev/null
   cp "$run/variants/$name/report.json" "$keep/variant_$name.json"
 }
-variant fedavg --fusion md --fusion-epochs 0
-variant ce --fusion ce
-variant md --fusion md
-variant sd --fusion sd
-variant md-conditioned --fusion md --fusion-teacher conditioned
-variant sd-conditioned --fusion sd --fusion-teacher conditioned
-variant md-mean --fusion md --fusion-teacher mean
-variant sd-mean --fusion sd --fusion-teacher mean
+variant fedavg --fusion-mode md --fusion-epochs 0
+variant ce --fusion-mode ce
+variant md --fusion-mode md
+variant sd --fusion-mode sd
+variant md-conditioned --fusion-mode md --fusion-teacher conditioned
+variant sd-conditioned --fusion-mode sd --fusion-teacher conditioned
+variant md-mean --fusion-mode md --fusion-teacher mean
+variant sd-mean --fusion-mode sd --fusion-teacher mean
 $py benchmarks/decoder_quality.py "$run" --out "$keep/decoder_quality.json" --threads 1 \
   > "$keep/decoder_quality.txt" 2>&1
 $py - "$keep" <<'EOF'

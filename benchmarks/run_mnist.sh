@@ -31,16 +31,16 @@ case "$row" in
   nozskd-a0.5) opts=(--alpha 0.5 --hard-labels); reuse=pso-a0.5 ;;          # Table 5: w/o ZSKD
   generator-a0.5) opts=(--alpha 0.5 --synth generator); reuse=pso-a0.5 ;;
   pooled-a0.5) opts=(--alpha 0.5 --synth inversion,generator); reuse=pso-a0.5 ;;
-  labelweighted-a0.5) opts=(--alpha 0.5 --labels label-weighted --keep-mismatch --no-verify-claims); reuse=pso-a0.5 ;;
+  labelweighted-a0.5) opts=(--alpha 0.5 --labels-rule label-weighted --no-labels-drop-mismatch --no-verify-claims); reuse=pso-a0.5 ;;
   generator-a0.1) opts=(--alpha 0.1 --synth generator); reuse=pso-a0.1 ;;
-  inversion-a0.1) opts=(--alpha 0.1 --synth inversion --samples-per-teacher 200 --bn-weight 1); reuse=pso-a0.1 ;;
+  inversion-a0.1) opts=(--alpha 0.1 --synth inversion --inversion-samples-per-teacher 200 --inversion-bn-weight 1); reuse=pso-a0.1 ;;
   pooled-a0.1) opts=(--alpha 0.1 --synth inversion,generator); reuse=pso-a0.1 ;;
   # FedMHO: classifier and CVAE devices alternate; decoders sampled (6,000), filtered (R_th 0.8), fused
   fedmho-md-a0.1|fedmho-md-a0.3|fedmho-md-a0.5)
-    opts=(--alpha "${row##*-a}" --synth decoder --fusion md --cvae-preset mnist); PROFILES=laptop-cpu,wearable ;;
+    opts=(--alpha "${row##*-a}" --synth decoder --fusion-mode md --cvae-preset mnist); PROFILES=laptop-cpu,wearable ;;
   fedmho-ce-a0.1|fedmho-sd-a0.1|fedmho-ce-a0.3|fedmho-sd-a0.3|fedmho-ce-a0.5|fedmho-sd-a0.5)
     mode=${row#fedmho-}; mode=${mode%%-*}
-    opts=(--alpha "${row##*-a}" --synth decoder --fusion "$mode" --cvae-preset mnist); PROFILES=laptop-cpu,wearable
+    opts=(--alpha "${row##*-a}" --synth decoder --fusion-mode "$mode" --cvae-preset mnist); PROFILES=laptop-cpu,wearable
     reuse=fedmho-md-a${row##*-a} ;;
   fedmho-pooled-a0.5)  # inversion + decoder samples, consensus labels of the classifier teachers
     opts=(--alpha 0.5 --synth inversion,decoder --cvae-preset mnist); PROFILES=laptop-cpu,wearable

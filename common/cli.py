@@ -3,8 +3,9 @@ codes, logging, ``--format``, argparse types that check output paths at parse ti
 
 `edge-sdk` and `server-kit` are thin: each sub-command builds a config, calls one library function and
 returns an :class:`Output`. What is left is here, once, so both CLIs word their errors, exit codes,
-``--debug``, ``--format`` and ``--verbose`` / ``--quiet`` alike. Stdlib only (no torch): ``--help`` and a
-usage error stay instant.
+``--debug``, ``--format`` and ``--verbose`` / ``--quiet`` alike. Stdlib only (no torch): the top-level
+``--help`` stays instant; a sub-command's options, generated from its config classes
+(:mod:`common.config_args`), are built only when that command is parsed, which imports its library.
 
 Exit codes: 0 success; 2 a usage error (argparse, or a ``ConfigError``: an option, a preset, a profile or a
 config file the command cannot take, nothing ran); 1 a runtime error (any other ``ToolkitError``, an
@@ -14,13 +15,12 @@ config file the command cannot take, nothing ran); 1 a runtime error (any other 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from common.checks import check_output_dir, check_output_file
 from common.errors import ConfigError, ToolkitError
@@ -36,14 +36,10 @@ __all__ = [
     "one_line",
     "out_dir",
     "out_file",
-    "overrides",
     "print_json",
     "print_skipped",
     "root_parser",
-    "with_knobs",
 ]
-
-T = TypeVar("T")
 
 EXIT_RUNTIME = 1  # the command ran and failed: bad data or bundle, an I/O error, a bug
 EXIT_USAGE = 2  # the command cannot run as given: fix the options (argparse's own code for its errors)
@@ -63,10 +59,12 @@ class Output:
     text: Sequence[str]
 
 
-# ``command(name, func, help)``: adds one sub-command that runs ``func(args)`` and returns its parser; a
-# command returns its Output (or None when it printed nothing)
+# ``command(name, func, help, build)``: adds one sub-command that runs ``func(args)``; ``build(parser)``
+# adds its options when the command is parsed (or its help shown), not before: a command's options come
+# from its config classes, whose modules import torch. A command returns its Output (or None)
 Command = Callable[[argparse.Namespace], "Output | None"]
-AddCommand = Callable[[str, Command, str], argparse.ArgumentParser]
+Build = Callable[[argparse.ArgumentParser], None]
+AddCommand = Callable[..., argparse.ArgumentParser]
 
 
 def one_line(text: object) -> str:
@@ -160,7 +158,34 @@ def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | N
 
 class _Parser(argparse.ArgumentParser):
     """Usage errors in one line that points at ``--help``: `server-kit aggregate`'s usage alone is 30+
-    lines, which buried "the following arguments are required: bundles" at the bottom."""
+    lines, which buried "the following arguments are required: bundles" at the bottom.
+
+    A sub-command's options are added by its ``build`` the first time it parses or shows its help, so
+    ``server-kit --help`` and the other commands do not import the config classes (and torch)."""
+
+    build: Build | None = None
+
+    def complete(self) -> argparse.ArgumentParser:
+        """This parser with its options added (``build`` run once)."""
+        build, self.build = self.build, None
+        if build is not None:
+            build(self)
+            if self.usage is None:  # one option per config field: too many for the usage line
+                words = [
+                    f"{a.dest} [{a.dest} ...]" if a.nargs == "+" else a.dest
+                    for a in self._actions
+                    if not a.option_strings and a.dest != argparse.SUPPRESS
+                ]
+                self.usage = " ".join(["%(prog)s [options]", *words])
+        return self
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        return super(_Parser, self.complete()).parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        return super(_Parser, self.complete()).format_help()
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see {self.prog} --help\n")
@@ -251,18 +276,6 @@ def print_json(obj: Any) -> None:
     print(json_text(obj))
 
 
-def overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
-    """The options the user actually gave (None means 'keep the preset's value')."""
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-
-
-def with_knobs(config: T, args: argparse.Namespace, knobs: Mapping[str, str]) -> T:
-    """``config`` (a dataclass) with every field of ``knobs`` (flag dest -> field) given on the command
-    line; an option left out keeps the preset's value."""
-    given = {field: getattr(args, dest) for dest, field in knobs.items() if getattr(args, dest) is not None}
-    return dataclasses.replace(config, **given)  # type: ignore[type-var]
-
-
 def root_parser(prog: str, description: str, *, version: str) -> tuple[argparse.ArgumentParser, AddCommand]:
     """The top-level parser of a CLI and a ``command(name, func, help)`` that adds one sub-command.
 
@@ -274,10 +287,13 @@ def root_parser(prog: str, description: str, *, version: str) -> tuple[argparse.
     _add_common(parser, top=True)
     sub = parser.add_subparsers(title="commands")
 
-    def command(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
+    def command(
+        name: str, func: Command, help_text: str, build: Build | None = None
+    ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
         _add_common(p)
         p.set_defaults(func=func)
+        p.build = build
         return p
 
     return parser, command

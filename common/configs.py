@@ -1,11 +1,12 @@
 """Configs from dicts and files: the inverse of a frozen config's ``to_dict``, so a run can be replayed
-from the ``results.json`` it wrote (JSON, what machines write) or from a TOML file a person wrote.
+from the ``results.json`` it wrote (JSON, what machines write) or from a TOML or YAML file a person wrote.
 
 One builder for every config: keys are checked against the dataclass's fields (an unknown key is refused
 with the list of valid ones), values are brought back to the field's type where JSON and TOML lose it
 (lists -> tuples, strings -> paths), and a nested table builds the nested config, over that field's
 current value, so a partial table (``[aggregate.distill] epochs = 5``) changes only the keys it names.
-The configs' own ``__post_init__`` validates what comes out. Stdlib only.
+The configs' own ``__post_init__`` validates what comes out. YAML is read by jsonargparse's loader (safe,
+no tags; ``1e-3`` is a number, as in TOML and JSON, where PyYAML alone reads a string).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
+from jsonargparse import get_loader
 
 from common.errors import ConfigError
 
@@ -98,8 +102,9 @@ def _convert(hint: Any, value: Any, current: Any, what: str) -> Any:
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The config table of ``path``: a ``.toml`` file a person wrote, or a ``.json`` file a run wrote
-    (a ``results.json``: its ``config`` entry; or a bare config, e.g. ``--print-config``'s output)."""
+    """The config table of ``path``: a ``.toml`` or ``.yaml`` file a person wrote, or a ``.json`` file a
+    run wrote (a ``results.json`` or ``report.json``: its ``config`` entry; or a bare config, e.g.
+    ``--print-config``'s output)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -110,12 +115,14 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             data: Any = tomllib.loads(text)
         elif path.suffix.lower() == ".json":
             data = json.loads(text)
+        elif path.suffix.lower() in (".yaml", ".yml"):
+            data = get_loader("yaml")(text)
         else:
             raise ConfigError(
-                f"config file must end in .toml or .json, got {str(path)!r}; fix: rename it or point at "
-                "a run's results.json"
+                f"config file must end in .toml, .yaml, .yml or .json, got {str(path)!r}; fix: rename it "
+                "or point at a run's results.json"
             )
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
         raise ConfigError(f"config file {str(path)!r} does not parse: {err}") from err
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         data = data["config"]

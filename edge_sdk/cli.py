@@ -1,7 +1,9 @@
 """`edge-sdk`: thin command-line wrappers. Each subcommand builds a config and calls one library function.
 
-The shared plumbing (dispatch, errors as one line, output-path types) is :mod:`common.cli`. Sub-commands
-import their library inside the function on purpose: ``--help`` and a usage error do not load torch.
+The shared plumbing (dispatch, errors as one line, output-path types) is :mod:`common.cli`. A command's
+config options are generated from its config dataclass by :mod:`common.config_args` (one flag per field,
+no flag -> field table), when that command is parsed: ``--help`` and a usage error of another command do
+not load torch. The command functions import their library inside the function for the same reason.
 """
 
 from __future__ import annotations
@@ -9,137 +11,62 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from common.cli import Output, cli_main, json_text, out_dir, out_file, overrides, root_parser
+from common.cli import Output, cli_main, json_text, out_dir, out_file, root_parser
+from common.config_args import add_config_args, given_table
+from common.configs import config_from_dict
 from edge_sdk import __version__
 
-__all__ = ["main"]
+__all__ = ["add_search_selectors", "cvae_config", "main", "search_classes", "search_config"]
 
 logger = logging.getLogger("edge_sdk")
 
-# The search's strategies and presets (edge_sdk.search.STRATEGIES, SearchConfig.preset) for --help and
-# argparse's choices; a test holds them equal to the registry, which the CLI does not import at start-up
-STRATEGY_NAMES = ("pso", "fixed", "random-pool", "evolution")
-SEARCH_PRESETS = ("fast", "paper")
+
+def search_classes() -> tuple[type, ...]:
+    """The config classes of the search strategies (their fields' union is the search options)."""
+    from edge_sdk.search import STRATEGIES
+
+    return tuple(strategy.config for strategy in STRATEGIES.values())
 
 
-SEARCH_KNOBS = (
-    "strategy",
-    "particles",
-    "iterations",
-    "epochs",
-    "repeats",
-    "final_epochs",
-    "cg",
-    "fixed_arch",
-    "max_train_samples",
-    "population",
-    "mutations",
-    "crossovers",
-    "generations",
-    "supernet",
-    "warm_start",
-    "finalists",
-    "finalist_share",
-)
+def add_search_selectors(p: argparse.ArgumentParser) -> None:
+    """``--preset`` and ``--strategy``: not fields, they pick the search config's class and base values."""
+    from edge_sdk.search import STRATEGIES
+    from edge_sdk.strategies.base import SHARED_PRESETS
 
-
-def add_search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=SEARCH_PRESETS, help="search preset (default: fast)")
-    p.add_argument("--strategy", choices=STRATEGY_NAMES, help="search strategy (default: pso)")
-    p.add_argument("--particles", type=int, help="PSO swarm size N")
-    p.add_argument("--iterations", type=int, help="PSO iterations T")
-    p.add_argument("--epochs", type=int, help="training epochs per candidate (fitness)")
-    p.add_argument("--repeats", type=int, help="independent PSO repeats R (best kept)")
-    p.add_argument("--final-epochs", type=int, help="epochs of full training of the winner")
-    p.add_argument("--cg", type=float, help="PSO control factor Cg in [0, 1]")
+    p.add_argument("--preset", choices=tuple(SHARED_PRESETS), help="search preset (default: fast)")
     p.add_argument(
-        "--fixed-arch", help="architecture of the fixed strategy, default CNN1 = C32k5-P-C64k5-P-F10"
-    )
-    p.add_argument("--max-train-samples", type=int, help="subsample the training split for fitness runs")
-    p.add_argument(
-        "--warm-start",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="PSO particle 0 starts at --fixed-arch, narrowed to fit (fast preset: on; paper: off)",
-    )
-    p.add_argument(
-        "--finalists",
-        type=int,
-        help="PSO: train the best N distinct specs fully, keep the most accurate (fast: 3; paper: 1)",
-    )
-    p.add_argument(
-        "--finalist-share",
-        type=float,
-        help="PSO: each finalist trains this share of --final-epochs, the best goes on (fast: 0.25; 1: all)",
-    )
-    p.add_argument("--supernet", help="evolution: a supernet file (server-kit supernet) -> the elastic space")
-    p.add_argument("--population", type=int, help="evolution population N_pop")
-    p.add_argument("--mutations", type=int, help="evolution mutants per generation N_m")
-    p.add_argument("--crossovers", type=int, help="evolution children per generation N_c")
-    p.add_argument("--generations", type=int, help="evolution generations")
-
-
-# --cvae-* option -> CVAEConfig field
-CVAE_KNOBS = {
-    "cvae_model": "model",
-    "latent_dim": "latent_dim",
-    "cvae_epochs": "epochs",
-    "cvae_lr": "lr",
-    "cvae_kl_weight": "kl_weight",
-}
-
-
-def add_cvae_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--role",
-        default="auto",
-        choices=["auto", "classifier", "cvae", "both"],
-        help="auto (default: the profile's hint; cvae when no classifier fits), classifier, cvae, or both "
-        "(classifier bundle at --out, decoder bundle at --out with suffix .decoder.bundle)",
-    )
-    add_cvae_knobs(p)
-
-
-def add_unknown_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--unknown-output",
-        action="store_true",
-        help="FedOV: train the classifier with an extra 'none of my classes' output on corrupted local "
-        "images, so the server can tell when it does not know a sample",
+        "--strategy",
+        choices=tuple(STRATEGIES),
+        help="search strategy (default: pso); an option of another strategy is refused",
     )
 
 
-def add_cvae_knobs(p: argparse.ArgumentParser) -> None:
+def add_cvae_preset(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cvae-preset", help="CVAE preset: fast (the default) or a dataset name")
-    p.add_argument("--cvae-model", choices=["cvae-small", "cvae-large"], help="CVAE architecture")
-    p.add_argument("--latent-dim", type=int, help="CVAE latent size z")
-    p.add_argument("--cvae-epochs", type=int, help="CVAE training epochs")
-    p.add_argument("--cvae-lr", type=float, help="CVAE Adam learning rate")
-    p.add_argument("--cvae-kl-weight", type=float, help="CVAE training's KL weight (beta; default 1)")
 
 
-def cvae_config(args: argparse.Namespace, base: Any = None):  # -> CVAEConfig
-    """The CVAE settings: ``--cvae-preset`` (or ``base``, else ``fast``) with the given ``--cvae-*`` knobs."""
+def cvae_config(args: argparse.Namespace, given: Mapping[str, Any], base: Any = None):  # -> CVAEConfig
+    """The CVAE settings: ``--cvae-preset`` (or ``base``, else ``fast``) with the given ``--cvae-*``
+    options (``given``: the fields given)."""
     from edge_sdk.cvae import CVAEConfig
 
-    given = {CVAE_KNOBS[k]: v for k, v in overrides(args, list(CVAE_KNOBS)).items()}
     if base is not None and args.cvae_preset is None:
-        return dataclasses.replace(base, **given)
+        return config_from_dict(CVAEConfig, given, what="cvae options", base=base)
     return CVAEConfig.preset(args.cvae_preset or "fast", **given)
 
 
-def search_config(args: argparse.Namespace, base: Any = None):  # -> SearchConfig
+def search_config(args: argparse.Namespace, given: Mapping[str, Any], base: Any = None):  # -> SearchConfig
     """The search settings: ``--preset`` (or ``base``, else ``fast``) of ``--strategy`` (or the base's,
-    else pso) with the given search knobs; a knob of another strategy is refused."""
+    else pso) with the given search fields; a field of another strategy is refused."""
     from edge_sdk.search import build_search_config, replace_search_config
 
-    given = overrides(args, SEARCH_KNOBS)
+    options = {**given, **({"strategy": args.strategy} if args.strategy is not None else {})}
     if base is not None and args.preset is None:
-        return replace_search_config(base, **given)
-    return build_search_config(args.preset or "fast", **given)
+        return replace_search_config(base, **options)
+    return build_search_config(args.preset or "fast", **options)
 
 
 def load_data(args: argparse.Namespace):  # -> ArrayDataset
@@ -219,7 +146,7 @@ def cmd_search(args: argparse.Namespace) -> Output:
         train_split,
         val_split,
         profile=load_profile(args.profile),
-        config=search_config(args),
+        config=search_config(args, given_table(args, args.flags)),
         seed=args.seed,
         device=resolve_device(args.device),
         progress=not args.quiet,
@@ -285,27 +212,20 @@ def cmd_run(args: argparse.Namespace) -> Output:
     from profiles import load_profile
 
     data = load_data(args)
-    search = search_config(args)
-    if args.init is not None and args.strategy is None and args.fixed_arch is None:
+    table = given_table(args, args.flags)
+    chosen = table.pop("search", {})
+    search = search_config(args, chosen)
+    if table.get("init") is not None and args.strategy is None and "fixed_arch" not in chosen:
         # the file names the architecture: train it (a conflicting --strategy / --fixed-arch is refused)
         from edge_sdk.search import replace_search_config
         from edge_sdk.shared_init import read_initial_weights
 
-        weights = read_initial_weights(args.init, input_shape=data.input_shape, num_classes=data.num_classes)
+        weights = read_initial_weights(
+            table["init"], input_shape=data.input_shape, num_classes=data.num_classes
+        )
         search = replace_search_config(search, strategy="fixed", fixed_arch=weights.arch)
-    config = ClientConfig(
-        search=search,
-        init=args.init,
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-        device=args.device,
-        progress=not args.quiet,
-        role=args.role,
-        cvae=cvae_config(args),
-        unknown_output=args.unknown_output,
-        precision=args.precision,
-        time_budget_s=args.time_budget_s,
-    )
+    table |= {"search": search, "cvae": cvae_config(args, table.pop("cvae", {})), "progress": not args.quiet}
+    config = config_from_dict(ClientConfig, table, what="edge-sdk run options")
     result = run_client(data, profile=load_profile(args.profile), config=config, out=args.out)
     m = result.metrics
     data = {
@@ -358,24 +278,7 @@ def cmd_personalize(args: argparse.Namespace) -> Output:
     from export.bundle import read_bundle
     from export.package import read_package
 
-    knobs = overrides(
-        args,
-        [
-            "epochs",
-            "lr",
-            "batch_size",
-            "lam",
-            "tau",
-            "alpha_lr",
-            "kdg_terms",
-            "kdg_dis_weight",
-            "kdg_disg_weight",
-            "seed",
-        ],
-    )
-    config = PersonalizeConfig(
-        method=args.method, val_fraction=args.val_fraction, device=args.device, **knobs
-    )
+    config = config_from_dict(PersonalizeConfig, given_table(args, args.flags), what="personalize options")
     result = personalize(
         load_data(args),
         read_bundle(args.model),
@@ -430,37 +333,57 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("profiles", cmd_profiles, "list the shipped device profiles")
 
-    def data_args(p: argparse.ArgumentParser, *, seed: bool = True) -> None:
+    def data_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data", required=True, help="client data: .npz (x, y) or an image folder")
         p.add_argument("--num-classes", type=int, help="class count when the data file does not record it")
+
+    def training_args(p: argparse.ArgumentParser) -> None:
+        """search and train take no config class: their few options are declared here."""
+        from edge_sdk.precision import PRECISIONS
+
+        data_args(p)
         p.add_argument("--val-fraction", type=float, default=0.2, help="local validation split")
         p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
         p.add_argument(
             "--precision",
             default="auto",
-            choices=["auto", "fp32", "bf16"],
+            choices=PRECISIONS,
             help="training precision: bf16 autocast where the hardware has it (auto, the default), or as "
             "given; the exported model and its reported accuracy are float32",
         )
-        if seed:
-            p.add_argument("--seed", type=int, default=0, help="seed of the split, search and training")
+        p.add_argument("--seed", type=int, default=0, help="seed of the split, search and training")
 
-    p = command("search", cmd_search, "architecture search under the device budget (writes search JSON)")
-    data_args(p)
-    p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
-    p.add_argument("--out", required=True, type=out_file, help="search result JSON")
-    add_search_args(p)
+    def build_search(p: argparse.ArgumentParser) -> None:
+        training_args(p)
+        p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
+        p.add_argument("--out", required=True, type=out_file, help="search result JSON")
+        add_search_selectors(p)
+        p.set_defaults(flags=add_config_args(p, search_classes()))
 
-    p = command(
-        "train", cmd_train, "train one architecture on local data (writes a BN-preserving ONNX model)"
+    command(
+        "search", cmd_search, "architecture search under the device budget (writes search JSON)", build_search
     )
-    data_args(p)
-    p.add_argument("--arch", required=True, help="architecture spec, e.g. C32k3-P-C64k5-P-F128-F10")
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--out", required=True, type=out_file, help="model .onnx to write")
-    add_unknown_arg(p)
+
+    def build_train(p: argparse.ArgumentParser) -> None:
+        training_args(p)
+        p.add_argument("--arch", required=True, help="architecture spec, e.g. C32k3-P-C64k5-P-F128-F10")
+        p.add_argument("--epochs", type=int, default=8)
+        p.add_argument("--lr", type=float, default=1e-3)
+        p.add_argument("--batch-size", type=int, default=64)
+        p.add_argument("--out", required=True, type=out_file, help="model .onnx to write")
+        p.add_argument(
+            "--unknown-output",
+            action="store_true",
+            help="FedOV: train the classifier with an extra 'none of my classes' output on corrupted local "
+            "images, so the server can tell when it does not know a sample",
+        )
+
+    command(
+        "train",
+        cmd_train,
+        "train one architecture on local data (writes a BN-preserving ONNX model)",
+        build_train,
+    )
 
     p = command("export", cmd_export, "wrap a model from `edge-sdk train` into a client bundle")
     p.add_argument("--model", required=True, help="model .onnx written by `edge-sdk train`")
@@ -468,44 +391,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed recorded in the bundle manifest")
     p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
 
-    p = command("run", cmd_run, "search -> train -> export -> bundle in one call (or train a CVAE: --role)")
-    data_args(p)
-    p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
-    p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
-    add_search_args(p)
-    add_cvae_args(p)
-    add_unknown_arg(p)
-    p.add_argument(
-        "--init",
-        help="shared initial weights from `server-kit init`: train their architecture from them, no search "
-        "(refused when they do not fit the task, --fixed-arch or the profile's budget)",
-    )
-    p.add_argument(
-        "--time-budget-s",
-        type=float,
-        help="seconds for the search and final training, over the profile's time_budget_s (default)",
-    )
+    def build_run(p: argparse.ArgumentParser) -> None:
+        from edge_sdk.client import ClientConfig
 
-    p = command(
+        data_args(p)
+        p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
+        p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
+        add_search_selectors(p)
+        add_cvae_preset(p)
+        flags = add_config_args(
+            p, ClientConfig, flatten=("search",), skip=("progress",), families={"search": search_classes()}
+        )
+        p.set_defaults(flags=flags)
+
+    command(
+        "run", cmd_run, "search -> train -> export -> bundle in one call (or train a CVAE: --role)", build_run
+    )
+    def build_personalize(p: argparse.ArgumentParser) -> None:
+        from edge_sdk.personalize import PersonalizeConfig
+
+        data_args(p)
+        p.add_argument("--model", required=True, help="this device's bundle from `edge-sdk run`")
+        p.add_argument("--package", required=True, help="the package `server-kit personalize` wrote for it")
+        p.add_argument("--out", required=True, type=out_dir, help="output directory")
+        p.set_defaults(flags=add_config_args(p, PersonalizeConfig))
+
+    command(
         "personalize",
         cmd_personalize,
         "personalise this device's model with the server's package; export fp32 and int8 ONNX",
+        build_personalize,
     )
-    data_args(p, seed=False)
-    p.add_argument("--model", required=True, help="this device's bundle from `edge-sdk run`")
-    p.add_argument("--package", required=True, help="the package `server-kit personalize` wrote for it")
-    p.add_argument("--method", default="pkt", choices=["pkt", "kdg", "finetune"])
-    p.add_argument("--out", required=True, type=out_dir, help="output directory")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--lr", type=float, help="SGD learning rate (momentum 0.9)")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lam", type=float, help="PKT distillation weight lambda")
-    p.add_argument("--tau", type=float, help="PKT regulariser tau (alpha toward 1)")
-    p.add_argument("--alpha-lr", type=float, help="PKT learning rate of alpha")
-    p.add_argument("--kdg-terms", help="comma list of pre,dis,lat,tea,disg (default: all)")
-    p.add_argument("--kdg-dis-weight", type=float, help="weight of kdg's dis term (default 0.01, FedKDG)")
-    p.add_argument("--kdg-disg-weight", type=float, help="weight of kdg's disg term (default 0.01, FedKDG)")
-    p.add_argument("--seed", type=int, help="default: the bundle's seed (the split of `edge-sdk run`)")
 
     p = command("inspect", cmd_inspect, "print a bundle's manifest (and optionally extract its ONNX)")
     p.add_argument("file")

@@ -54,9 +54,9 @@ from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import ArrayDataset, data_sha256, split_train_val
 from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet
 from edge_sdk.final_training import train_cvae_final, train_final
-from edge_sdk.precision import check_precision, resolve_precision
+from edge_sdk.precision import Precision, check_precision, resolve_precision
 from edge_sdk.profiling import FINAL_TRAINING_SHARE, fits, profile_model, trains_in_time
-from edge_sdk.roles import CLIENT_ROLES, resolve_role
+from edge_sdk.roles import CLIENT_ROLES, ClientRole, resolve_role
 from edge_sdk.search import SearchResult, search
 from edge_sdk.shared_init import read_initial_weights
 from edge_sdk.strategies.base import SearchConfig
@@ -90,14 +90,14 @@ class ClientConfig:
     seed: int = 0
     device: str = "cpu"
     progress: bool = False
-    role: str = "auto"
+    role: ClientRole = "auto"
     cvae: CVAEConfig = field(default_factory=CVAEConfig)
     # the classifier gets an extra "unknown" output trained on corrupted local images (FedOV), so the
     # server can weigh it by how sure it is that a sample is one of its classes (server_kit.abstain)
     unknown_output: bool = False
     # auto, fp32 or bf16 (edge_sdk.precision): the search's candidates and the final training run their
     # forward passes in bfloat16 where the hardware has it; reported accuracies are measured in float32
-    precision: str = "auto"
+    precision: Precision = "auto"
     # the server's shared initial weights (`server-kit init`, edge_sdk.shared_init): the classifier trains
     # their architecture from them instead of searching one, so the uploads can be averaged (FedAvg)
     init: str | None = None

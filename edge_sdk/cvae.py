@@ -38,7 +38,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -76,7 +76,8 @@ __all__ = [
     "train_cvae",
 ]
 
-MODELS = ("cvae-small", "cvae-large")
+CVAEModel = Literal["cvae-small", "cvae-large"]
+MODELS: tuple[str, ...] = get_args(CVAEModel)
 HIDDEN_UNITS = 256  # both reference CVAEs
 CLASS_PRIOR_SUFFIX = "-classprior"
 _ARCH_RE = re.compile(r"^(cvae-small|cvae-large)-z([1-9][0-9]*)(-classprior)?$")
@@ -126,7 +127,7 @@ class CVAEConfig:
             digits demo went from 94.2 % to 92.9 %).
     """
 
-    model: str = "cvae-small"
+    model: CVAEModel = "cvae-small"
     latent_dim: int = 20
     epochs: int = 20
     lr: float = 3e-3

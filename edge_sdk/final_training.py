@@ -131,7 +131,7 @@ def train_cvae_final(
     problem = fits(cost.model, profile)
     if problem is not None:
         raise BudgetError(
-            f"{config.arch} does not fit the device: {problem}; fix: a smaller --latent-dim or "
+            f"{config.arch} does not fit the device: {problem}; fix: a smaller --cvae-latent-dim or "
             "--cvae-model cvae-small"
         )
     dev = resolve_device(device)

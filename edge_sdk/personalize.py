@@ -37,7 +37,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +73,8 @@ __all__ = [
     "update_alpha",
 ]
 
-METHODS = ("finetune", "pkt", "kdg")
+Method = Literal["finetune", "pkt", "kdg"]
+METHODS: tuple[str, ...] = get_args(Method)
 KDG_TERMS = ("pre", "dis", "lat", "tea", "disg")
 
 
@@ -91,26 +92,26 @@ class PersonalizeConfig:
     accuracy 80.83 % vs 98.87 % local-only at alpha 0.1 (benchmarks/RESULTS.md).
     """
 
-    method: str = "pkt"
-    epochs: int = 2
-    lr: float = 0.01
-    momentum: float = 0.9
+    method: Method = "pkt"  # pkt (FedPD), kdg (FedKDG) or finetune
+    epochs: int = 2  # local epochs
+    lr: float = 0.01  # SGD learning rate
+    momentum: float = 0.9  # SGD momentum
     batch_size: int = 64
-    lam: float = 1.0
-    tau: float = 0.5
-    alpha_lr: float = 0.05
-    distill_batch_size: int = 64
-    kdg_terms: tuple[str, ...] = KDG_TERMS
-    kd_temperature: float = 1.0
-    kdg_dis_weight: float = 0.01
-    kdg_disg_weight: float = 0.01
-    local_generator_steps: int = 100
-    attention_dim: int = 64
-    val_fraction: float = 0.2
-    seed: int | None = None
-    int8_tolerance: float = 0.005
-    calibration_size: int = 256
-    device: str = "cpu"
+    lam: float = 1.0  # PKT distillation weight lambda
+    tau: float = 0.5  # PKT regulariser tau (alpha toward 1)
+    alpha_lr: float = 0.05  # PKT learning rate of alpha
+    distill_batch_size: int = 64  # distillation inputs per step
+    kdg_terms: tuple[str, ...] = KDG_TERMS  # kdg's loss terms, any of pre, dis, lat, tea, disg
+    kd_temperature: float = 1.0  # distillation temperature
+    kdg_dis_weight: float = 0.01  # weight of kdg's dis term (FedKDG: 0.01)
+    kdg_disg_weight: float = 0.01  # weight of kdg's disg term (FedKDG: 0.01)
+    local_generator_steps: int = 100  # kdg: training steps of the local generator
+    attention_dim: int = 64  # kdg: width of the attention over local and global features
+    val_fraction: float = 0.2  # local validation split
+    seed: int | None = None  # seed of the split and training; none: the bundle's (edge-sdk run's split)
+    int8_tolerance: float = 0.005  # the int8 model is kept when its accuracy is within this of fp32's
+    calibration_size: int = 256  # training images that calibrate the int8 quantization
+    device: str = "cpu"  # cpu, cuda or auto
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

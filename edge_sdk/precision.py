@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Literal, get_args
 
 import torch
 
@@ -28,7 +29,8 @@ from common.errors import ConfigError
 
 __all__ = ["PRECISIONS", "autocast", "check_precision", "native_bf16", "resolve_precision"]
 
-PRECISIONS = ("auto", "fp32", "bf16")
+Precision = Literal["auto", "fp32", "bf16"]  # a config field of this type gets these as choices
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 def check_precision(precision: object) -> str:

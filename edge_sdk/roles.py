@@ -3,6 +3,8 @@ whether the smallest classifier the configured search could return, or the CVAE,
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from common.errors import ConfigError
 from common.seeding import seeded
 from edge_sdk.arch import ArchSpec, build_model, parse_arch, with_num_classes
@@ -21,7 +23,8 @@ from profiles import DeviceProfile
 __all__ = ["CLIENT_ROLES", "resolve_role", "smallest_classifier"]
 
 
-CLIENT_ROLES = ("auto", "classifier", "cvae", "both")
+ClientRole = Literal["auto", "classifier", "cvae", "both"]
+CLIENT_ROLES: tuple[str, ...] = get_args(ClientRole)
 
 
 def smallest_classifier(

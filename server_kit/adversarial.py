@@ -37,10 +37,10 @@ class AdversarialConfig:
     """``rounds`` of (``generator_steps`` adversarial generator steps, ``samples_per_round`` new samples
     labelled and added to the memory, ``student_epochs`` passes of the student over the memory)."""
 
-    rounds: int = 20
-    generator_steps: int = 10
-    samples_per_round: int = 512
-    student_epochs: int = 1
+    rounds: int = 20  # DENSE-style rounds after the distillation (generator adversarial to the student)
+    generator_steps: int = 10  # adversarial generator steps per round
+    samples_per_round: int = 512  # new samples labelled and added to the memory per round
+    student_epochs: int = 1  # passes of the student over the memory per round
     adv_weight: float = 1.0  # DENSE's weight of the adversarial term
 
     def __post_init__(self) -> None:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ from common.seeding import derive_seed, seeded
 from common.timing import timed
 from edge_sdk.arch import build_model, parse_arch, with_num_classes
 from edge_sdk.data import ArrayDataset
-from edge_sdk.precision import autocast, check_precision, resolve_precision
+from edge_sdk.precision import Precision, autocast, check_precision, resolve_precision
 from edge_sdk.profiling import allowed_cores, usable_threads
 from edge_sdk.train import release_memory
 from export.atomic import atomic_write_bytes, atomic_write_json
@@ -126,9 +126,9 @@ class AggregateConfig:
     trained on the filtered decoder samples with the FedMHO loss of ``fusion.mode`` (ce, md or sd).
     """
 
-    student: str = DEFAULT_STUDENT
-    device: str = "auto"
-    seed: int = 0
+    student: str = DEFAULT_STUDENT  # student architecture spec (any edge-sdk spec)
+    device: str = "auto"  # the server's device: auto (CUDA when present), cpu, cuda or cuda:N
+    seed: int = 0  # seed of the server's synthesis and training
     inversion: InversionConfig = field(default_factory=_fast_inversion)
     distill: DistillConfig = field(default_factory=_fast_distill)
     # pooled synthesis sources, any of SYNTH_SOURCES; None: inversion + generator, and the decoders
@@ -161,15 +161,17 @@ class AggregateConfig:
     # z ~ N(0, t^2 I) when the decoders are sampled (server_kit.decoders.sample_decoders); 1 = the paper
     decoder_temperature: float = 1.0
     fusion: FusionConfig | None = None
+    # FedMHO: initialise by FedAvg when the classifiers share one architecture; False: by consensus
+    # distillation always
     fedavg_init: bool = True
-    hard_labels: bool = False
-    on_error: str = "stop"
+    hard_labels: bool = False  # ablation 'w/o ZSKD': train on the generating teacher's hard labels
+    on_error: Literal["stop", "skip"] = "stop"  # a bad bundle stops the run, or is skipped with its reason
     threads: int | None = None  # torch threads; None: the cores free at the start (usable_threads)
     # auto, fp32 or bf16 (edge_sdk.precision): the teachers' forward passes in inversion, the generator,
     # the vote and the claim checks, and the student's in distillation, run in bfloat16 autocast where the
     # hardware has it (2-3x faster on CPU, benchmarks/RESULTS.md "Speed and memory"); FedMHO's fusion
     # and the reported accuracy run in float32
-    precision: str = "auto"
+    precision: Precision = "auto"
 
     def __post_init__(self) -> None:
         check_precision(self.precision)

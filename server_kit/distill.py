@@ -28,12 +28,12 @@ __all__ = ["DistillConfig", "distill", "random_shift"]
 class DistillConfig:
     """Student training on (X, Y). ``tau`` is the distillation temperature (the paper uses 4)."""
 
-    epochs: int
+    epochs: int  # passes of the student over the synthetic set
     batch_size: int = 64
-    lr: float = 1e-3
-    tau: float = 4.0
+    lr: float = 1e-3  # Adam learning rate
+    tau: float = 4.0  # distillation temperature (the paper: 4)
     hard_labels: bool = False  # the "w/o ZSKD" ablation: CE on class indices instead of KL on soft labels
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # Adam L2 penalty
     # every batch shifted by up to this fraction of the image side (random per sample, zero padding): a
     # synthetic set is small and made by optimisation, and a student that must match the label under
     # small translations learns the object rather than the exact pixels the teachers were optimised on

@@ -38,7 +38,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -53,8 +53,10 @@ from server_kit.labels import check_label_counts
 
 __all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
 
-MODES = ("ce", "md", "sd")
-TEACHERS = ("agreeing", "conditioned", "mean")
+Mode = Literal["ce", "md", "sd"]
+MODES: tuple[str, ...] = get_args(Mode)
+FusionTeacher = Literal["agreeing", "conditioned", "mean"]
+TEACHERS: tuple[str, ...] = get_args(FusionTeacher)
 
 # The paper's Table 3: Adam, batch 64, global epochs / learning rate per dataset (MNIST 10 / 1e-5,
 # Fashion 20 / 5e-4, SVHN 20 / 5e-5, EMNIST 30 / 5e-5); lam = 0.5 (section 4.3). The reference code runs
@@ -85,9 +87,9 @@ class FusionConfig:
         weight_decay: Adam L2 penalty.
     """
 
-    mode: str = "md"
+    mode: Mode = "md"
     lam: float = 0.5
-    teacher: str = "agreeing"
+    teacher: FusionTeacher = "agreeing"
     epochs: int = 10
     lr: float = 1e-3
     batch_size: int = 64

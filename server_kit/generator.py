@@ -95,19 +95,19 @@ class GeneratorConfig:
     training batch (FedKDG trains G on the filtered samples; costs one more backward per step).
     """
 
-    nz: int
-    width: int
-    steps: int
+    nz: int  # noise size
+    width: int  # channel width of the generator
+    steps: int  # generator training steps
     batch_size: int
-    lr: float
-    ce_weight: float
-    div_weight: float
-    bn_weight: float
-    adv_weight: float
-    filter_fraction: float
-    samples: int
-    tau: float
-    filter_during_training: bool = False
+    lr: float  # Adam learning rate
+    ce_weight: float  # weight of the teachers' cross entropy against the conditioning label
+    div_weight: float  # diversity loss weight
+    bn_weight: float  # BN-statistics matching weight
+    adv_weight: float  # weight of the adversarial KL (DENSE; 0 = off)
+    filter_fraction: float  # fraction of the noisiest generated samples dropped
+    samples: int  # samples drawn from the trained generator
+    tau: float  # temperature of the adversarial KL
+    filter_during_training: bool = False  # the noise filter on every training batch too (FedKDG)
     # each teacher's cross entropy over the classes it holds only (server_kit.labels.held_classes): its
     # logits of classes it never trained on are arbitrary on generated images
     mask_teachers: bool = False

@@ -32,6 +32,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -76,18 +77,18 @@ _PRESETS: dict[str, dict[str, object]] = {
 class InversionConfig:
     """Options of Algorithm 3. ``samples_per_teacher`` is the paper's N_syn, ``steps`` its ep."""
 
-    samples_per_teacher: int
-    steps: int
-    batch_size: int
-    lr: float
-    tau: float
-    betas: tuple[float, ...] = (0.1, 1.0)
+    samples_per_teacher: int  # pseudo-samples inverted from each teacher (N_syn)
+    steps: int  # optimisation steps per inversion batch (ep)
+    batch_size: int  # images optimised together
+    lr: float  # Adam learning rate of the images
+    tau: float  # temperature of the inversion loss
+    betas: tuple[float, ...] = (0.1, 1.0)  # scales beta of the targets y ~ Dir(beta * C_c), samples split
     bn_weight: float = 0.0  # DeepInversion: match BN-input batch mean/var to the running statistics
     tv_weight: float = 0.0  # total variation (mean absolute neighbour difference)
     l2_weight: float = 0.0  # mean squared pixel value: a dark-background prior
     # "all": every teacher is inverted for every class (the paper); "held": only for the classes its label
     # counts hold, in proportion to them (an image a teacher makes for a class it never saw is noise)
-    classes: str = "all"
+    classes: Literal["all", "held"] = "all"
 
     def __post_init__(self) -> None:
         for name in ("samples_per_teacher", "steps", "batch_size"):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,8 @@ __all__ = [
     "teacher_probs",
 ]
 
-LABEL_RULES = ("mean", "label-weighted", "conditioned")
+LabelRule = Literal["mean", "label-weighted", "conditioned"]
+LABEL_RULES: tuple[str, ...] = get_args(LabelRule)
 # with drop_mismatch, a class whose samples the rule labels as their class less often than this falls back
 # to the conditioned rule (its owners label it), so no class disappears from the distillation set
 FALLBACK_BELOW = 0.25
@@ -64,9 +66,12 @@ class LabelConfig:
     mask, and kept the weakest class highest.
     """
 
-    rule: str = "label-weighted"
-    mask: bool = False
-    drop_mismatch: bool = True
+    # how teacher votes become a sample's label: label-weighted (each teacher's vote for a class scaled by
+    # its share of that class), conditioned (weighted by its share of the class the sample was made for),
+    # mean (pFedZKD)
+    rule: LabelRule = "label-weighted"
+    mask: bool = False  # each teacher votes only for the classes it has examples of
+    drop_mismatch: bool = True  # drop the samples whose label is not the class they were made for
     # a teacher with an "unknown" output (FedOV, :mod:`server_kit.abstain`) votes on each sample with
     # the weight of its probability that the sample is one of its classes; teachers without one vote as
     # always. False: the unknown output is ignored (the ablation)

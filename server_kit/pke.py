@@ -49,13 +49,13 @@ class PKEConfig:
     """PKE knobs. FedPD's best settings: server lr 1e-3, batch 40, mu 0.6, 40 server epochs; ``fast``
     trains 5 epochs on at most 2,000 distillation inputs (server models start from the global student)."""
 
-    epochs: int = 5
-    lr: float = 1e-3
+    epochs: int = 5  # server-model epochs
+    lr: float = 1e-3  # server-model Adam learning rate
     batch_size: int = 40
-    mu: float = 0.6
-    max_inputs: int = 2000
+    mu: float = 0.6  # proximal weight to the mean extractor
+    max_inputs: int = 2000  # distillation inputs per package
     seed: int = 0
-    device: str = "cpu"
+    device: str = "cpu"  # cpu or cuda
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "max_inputs"):

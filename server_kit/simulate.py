@@ -34,7 +34,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -46,7 +46,7 @@ from common.timing import timed
 from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import ArrayDataset, client_name, load_client_data, partition, partition_settings
-from edge_sdk.precision import check_precision
+from edge_sdk.precision import Precision, check_precision
 from edge_sdk.profiling import usable_threads
 from edge_sdk.roles import resolve_role
 from edge_sdk.search import search_config_from_dict
@@ -83,7 +83,8 @@ __all__ = [
 ]
 
 # what a rerun into the same out_dir does with the files of an earlier run (see the module docstring)
-RESUME_MODES = ("auto", "strict", "off")
+ResumeMode = Literal["auto", "strict", "off"]
+RESUME_MODES: tuple[str, ...] = get_args(ResumeMode)
 
 logger = logging.getLogger("server_kit")  # the lines shown while the clients' bar runs (tqdm redirects it)
 log = logging.getLogger(__name__)  # the resume decisions, before the bar; through server_kit's handler
@@ -96,14 +97,14 @@ class SimulateConfig:
     otherwise.
     """
 
-    dataset: str
-    data_root: str | None = None
-    num_clients: int = 10
-    alpha: float = 0.5
-    seed: int = 0
+    dataset: str  # mnist, fashionmnist, cifar10, svhn or digits
+    data_root: str | None = None  # torchvision-layout dataset root (not needed for digits)
+    num_clients: int = 10  # clients in the federation
+    alpha: float = 0.5  # Dirichlet concentration of the label skew
+    seed: int = 0  # seed of the partition, the clients (seed + k) and the server
     out_dir: Path
-    profiles: tuple[str, ...] = ("laptop-cpu",)
-    profile_map: Path | None = None
+    profiles: tuple[str, ...] = ("laptop-cpu",)  # device profiles, assigned round-robin
+    profile_map: Path | None = None  # TOML: default = 'name' and [clients] index = 'name'
     search: SearchConfig = field(default_factory=PSOConfig)
     cvae: CVAEConfig = field(default_factory=CVAEConfig)  # clients whose profile role is cvae (FedMHO)
     unknown_output: bool = False  # classifier clients train FedOV's "unknown" output
@@ -114,16 +115,18 @@ class SimulateConfig:
     # weights of it (out_dir/init.onnx, seeded by ``seed``) and the clients start from them, so their
     # uploads can be averaged (FedMHO's FedAvg initialisation); False: each client initialises its own
     shared_init: bool = True
-    precision: str = "auto"  # the clients' training precision (edge_sdk.precision); the server's: aggregate
+    # the clients' training precision (edge_sdk.precision); the server's is aggregate.precision, which
+    # follows it on the command line unless given
+    precision: Precision = "auto"
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
-    val_fraction: float = 0.2
-    min_size: int = 10
-    jobs: int = 1
-    device: str = "cpu"
+    val_fraction: float = 0.2  # share of each client's data held out for its validation
+    min_size: int = 10  # fewest examples a client gets
+    jobs: int = 1  # clients trained in parallel processes
+    device: str = "cpu"  # the clients' training device (cpu, cuda, auto); the server's: aggregate.device
     progress: bool = True
     # auto: reuse the partition, client bundles and inversion chunks made with this run's settings, data and
     # code, redo the rest; strict: refuse an out_dir holding any made otherwise; off: redo everything
-    resume: str = "auto"
+    resume: ResumeMode = "auto"
 
     def __post_init__(self) -> None:
         if self.num_clients < 1:

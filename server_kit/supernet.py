@@ -39,13 +39,13 @@ __all__ = ["SupernetConfig", "supernet_from_bundles", "train_supernet"]
 class SupernetConfig:
     """Sandwich-rule training knobs (Adam; ``random_subnets`` is k of Eq. 6, ``tau`` the KL temperature)."""
 
-    steps: int = 300
+    steps: int = 300  # sandwich-rule steps
     batch_size: int = 64
-    lr: float = 1e-3
-    random_subnets: int = 2
-    tau: float = 1.0
+    lr: float = 1e-3  # Adam learning rate
+    random_subnets: int = 2  # k random subnets per step
+    tau: float = 1.0  # KL temperature
     seed: int = 0
-    device: str = "cpu"
+    device: str = "cpu"  # cpu or cuda
 
     def __post_init__(self) -> None:
         for name, low in (("steps", 1), ("batch_size", 2), ("random_subnets", 0), ("seed", 0)):

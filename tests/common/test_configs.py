@@ -78,9 +78,15 @@ def test_config_files(tmp_path):
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps({"name": "c"}), encoding="utf-8")
     assert read_config_file(bare) == {"name": "c"}
-    (tmp_path / "a.yaml").write_text("name: a", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"must end in \.toml or \.json"):
-        read_config_file(tmp_path / "a.yaml")
+    (tmp_path / "a.yaml").write_text("name: a\ninner:\n  lr: 1e-3\n  betas: [0.1, 1]\n", encoding="utf-8")
+    # 1e-3 is a number, as in TOML (PyYAML's own loader reads YAML 1.1's "1e-3" as a string)
+    assert read_config_file(tmp_path / "a.yaml") == {"name": "a", "inner": {"lr": 0.001, "betas": [0.1, 1]}}
+    (tmp_path / "bad.yml").write_text("name: [a", encoding="utf-8")
+    with pytest.raises(ConfigError, match="does not parse"):
+        read_config_file(tmp_path / "bad.yml")
+    (tmp_path / "a.ini").write_text("name = a", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"must end in \.toml, \.yaml, \.yml or \.json"):
+        read_config_file(tmp_path / "a.ini")
     (tmp_path / "bad.toml").write_text("name = ", encoding="utf-8")
     with pytest.raises(ConfigError, match="does not parse"):
         read_config_file(tmp_path / "bad.toml")

@@ -418,7 +418,7 @@ def test_cli_run_role_cvae(digits: ArrayDataset, tmp_path: Path, capsys: pytest.
     save_client_data(data, digits)
     out = tmp_path / "c.bundle"
     argv = ["run", "--data", str(data), "--profile", "laptop-cpu", "--out", str(out), "--quiet"]
-    argv += ["--role", "cvae", "--cvae-model", "cvae-small", "--latent-dim", "3", "--cvae-epochs", "1"]
+    argv += ["--role", "cvae", "--cvae-model", "cvae-small", "--cvae-latent-dim", "3", "--cvae-epochs", "1"]
     assert main([*argv, "--cvae-lr", "0.01"]) == 0
     assert "cvae_decoder" in capsys.readouterr().out
     report = json.loads(out.with_name(out.name + ".report.json").read_text())

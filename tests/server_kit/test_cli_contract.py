@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_sdk.cli import SEARCH_PRESETS, STRATEGY_NAMES
 from edge_sdk.cli import main as edge_main
 from export.bundle import write_bundle
 from server_kit.cli import main as server_main
@@ -69,7 +68,7 @@ def _error_cases(tmp: Path, data: Path) -> list[tuple[str, object, list[str], in
         ("warm start with evolution", server_main, ["simulate", "--dataset", "digits", "--out",
          str(tmp / "m"), "--strategy", "evolution", "--warm-start"], 2, "'warm_start' does not apply"),
         ("fusion knobs without fusion", server_main, ["aggregate", "a.bundle", "--out", str(tmp / "f"),
-         "--fusion-lambda", "0.3"], 2, "--fusion-lambda configure FedMHO's fusion"),
+         "--fusion-lam", "0.3"], 2, "--fusion-lam configure FedMHO's fusion"),
         ("fusion preset without fusion", server_main, ["simulate", "--dataset", "digits", "--out",
          str(tmp / "g"), "--fusion-preset", "mnist"], 2, "--fusion-preset"),
     ]
@@ -201,26 +200,32 @@ def test_help_shows_defaults_choices_and_one_meaning_per_name(capsys):
     text = helps(server_main, "simulate")
     # simulate's plain options default to None (a --config file or the preset fills them): the help
     # names the value they take when neither does
-    assert "clients in the federation (default 10)" in text
-    assert "Dirichlet concentration of the label skew (default 0.5)" in text
-    assert "(default 0)" in text and "(default: None)" not in text
+    assert "clients in the federation (default: 10)" in text
+    assert "Dirichlet concentration of the label skew (default: 0.5)" in text
+    assert "(default: 0)" in text and "(default: None)" not in text
     assert "--strategy {pso,fixed,random-pool,evolution}" in text and "--preset {fast,paper}" in text
+    assert "--resume {auto,strict,off}" in text and "(default: auto)" in text  # a Literal field's choices
     assert "--distill-tau" in text and "--tau " not in text  # --tau is edge-sdk personalize's PKT knob
-    assert "--tau TAU PKT regulariser" in helps(edge_main, "personalize")
+    assert "--tau FLOAT PKT regulariser" in helps(edge_main, "personalize")
     assert "--format {text,json}" in helps(edge_main, "profiles")
 
 
-def test_the_cli_choices_are_the_registries():
-    """The CLIs name the strategies and presets without importing torch; these hold them equal."""
+def test_the_cli_choices_are_the_registries(capsys):
+    """--strategy and --preset offer what the registries hold (the CLI reads them when it builds the
+    command's options)."""
     from edge_sdk.search import STRATEGIES
     from edge_sdk.strategies.base import SHARED_PRESETS
 
-    assert tuple(STRATEGIES) == STRATEGY_NAMES
-    assert tuple(SHARED_PRESETS) == SEARCH_PRESETS
+    with pytest.raises(SystemExit):
+        edge_main(["run", "--help"])
+    text = capsys.readouterr().out
+    assert f"--strategy {{{','.join(STRATEGIES)}}}" in text
+    assert f"--preset {{{','.join(SHARED_PRESETS)}}}" in text
 
 
 def test_distill_tau_reaches_the_distillation_config():
+    from common.config_args import given_table
     from server_kit.cli import aggregate_config, build_parser
 
     args = build_parser().parse_args(["aggregate", "a.bundle", "--out", "o", "--distill-tau", "2.5"])
-    assert aggregate_config(args, seed=0).distill.tau == 2.5
+    assert aggregate_config(args, given_table(args, args.flags)).distill.tau == 2.5

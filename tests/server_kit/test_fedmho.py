@@ -86,9 +86,9 @@ def test_simulate_mixes_classifier_and_cvae_clients(tmp_path):
     args = [
         "simulate", "--dataset", "digits", "--num-clients", "3", "--alpha", "1.0", "--seed", "0", "--quiet",
         "--profiles", "laptop-cpu,wearable", "--particles", "2", "--iterations", "1", "--final-epochs", "10",
-        "--cvae-epochs", "10", "--synth", "decoder", "--decoder-samples", "300", "--fusion", "md",
+        "--cvae-epochs", "10", "--synth", "decoder", "--decoder-samples", "300", "--fusion-mode", "md",
         "--fusion-preset", "fast", "--fusion-epochs", "10", "--distill-epochs", "10",
-        "--server-device", "cpu", "--out", str(tmp_path),
+        "--aggregate-device", "cpu", "--out", str(tmp_path),
     ]  # fmt: skip
     assert main(args) == 0
     results = json.loads((tmp_path / "results.json").read_text())
@@ -120,7 +120,7 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     assert results["global_accuracy"] > 0.5
 
     # the server side again with SD: the clients (same settings, same init file) are reused
-    assert main([*args, "--fusion", "sd"]) == 0
+    assert main([*args, "--fusion-mode", "sd"]) == 0
     assert json.loads((tmp_path / "results.json").read_text())["resumed_clients"] == 4
     assert json.loads((tmp_path / "server" / "report.json").read_text())["training"] == "FedMHO-sd"
     # other initial weights are another client setting: a resume would train the classifiers again

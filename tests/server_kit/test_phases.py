@@ -123,27 +123,32 @@ def test_adversarial_rounds_refine_the_student_and_leave_the_generator_alone(tmp
 
 
 def test_cli_flags_reach_the_label_trust_and_adversarial_options():
+    from common.config_args import given_table
     from server_kit.cli import aggregate_config, build_parser
 
-    args = build_parser().parse_args(
+    def config_of(argv: list[str]):
+        args = build_parser().parse_args(argv)
+        return aggregate_config(args, given_table(args, args.flags))
+
+    config = config_of(
         [
-            "aggregate", "a.bundle", "--out", "o", "--labels", "conditioned", "--label-mask",
-            "--keep-mismatch", "--no-verify-claims", "--inversion-classes", "held", "--generator-mask",
-            "--adversarial-rounds", "3", "--distill-shift", "0.1", "--no-abstain", "--no-top-up",
+            "aggregate", "a.bundle", "--out", "o", "--labels-rule", "conditioned", "--labels-mask",
+            "--no-labels-drop-mismatch", "--no-verify-claims", "--inversion-classes", "held",
+            "--generator-mask-teachers", "--adversarial-rounds", "3", "--distill-shift", "0.1",
+            "--no-labels-abstain", "--no-top-up",
         ]
     )  # fmt: skip
-    config = aggregate_config(args, seed=0)
     assert config.labels == LabelConfig(rule="conditioned", mask=True, drop_mismatch=False, abstain=False)
     assert config.top_up is False
     assert config.verify_claims is False and not config.checks_claims
     assert config.inversion.classes == "held" and config.generator.mask_teachers
     assert config.adversarial is not None and config.adversarial.rounds == 3
     assert config.distill.shift == 0.1
-    default = aggregate_config(build_parser().parse_args(["aggregate", "a.bundle", "--out", "o"]), seed=0)
+    default = config_of(["aggregate", "a.bundle", "--out", "o"])
     assert default.labels == LabelConfig() and default.checks_claims and default.adversarial is None
     assert default.top_up and default.labels.abstain
     sim = build_parser().parse_args(["simulate", "--dataset", "digits", "--out", "o", "--unknown-output"])
-    assert sim.unknown_output is True
+    assert given_table(sim, sim.flags)["unknown_output"] is True
 
 
 class _Brightness(torch.nn.Module):

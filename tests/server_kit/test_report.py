@@ -21,9 +21,10 @@ from server_kit.report_figures import MAX_NAMED_LINES, clients_curve_figure
 TINY = [
     "simulate", "--dataset", "digits", "--num-clients", "2", "--alpha", "1.0", "--seed", "0", "--quiet",
     "--profiles", "laptop-cpu,raspberry-pi-4-4gb", "--particles", "2", "--iterations", "1",
-    "--final-epochs", "3", "--cvae-epochs", "2", "--samples-per-teacher", "50", "--steps", "5",
+    "--final-epochs", "3", "--cvae-epochs", "2", "--inversion-samples-per-teacher", "50",
+    "--inversion-steps", "5",
     "--generator-steps", "5", "--generator-samples", "100", "--decoder-samples", "200",
-    "--distill-epochs", "3", "--server-device", "cpu",
+    "--distill-epochs", "3", "--aggregate-device", "cpu",
 ]  # fmt: skip
 # what the tiny run records: every figure but the phases it does not run (fusion, adversarial rounds) and
 # personalization (not part of a simulate run)

@@ -68,9 +68,10 @@ def test_an_empty_bundle_list_is_one_line(capsys, tmp_path, command):
 
 
 TINY = [
-    "--synth", "inversion", "--samples-per-teacher", "12", "--steps", "3", "--inversion-batch-size", "8",
+    "--synth", "inversion", "--inversion-samples-per-teacher", "12", "--inversion-steps", "3",
+    "--inversion-batch-size", "8",
     "--distill-epochs", "1", "--distill-batch-size", "8", "--student", "C4k3-P-F16-F10",
-    "--server-device", "cpu", "--seed", "3", "--quiet",
+    "--device", "cpu", "--seed", "3", "--quiet",
 ]  # fmt: skip
 
 

@@ -28,8 +28,8 @@ TINY = [
     "simulate", "--dataset", "digits", "--num-clients", "3", "--alpha", "1.0", "--seed", "0", "--quiet",
     "--profiles", "laptop-cpu,raspberry-pi-4-4gb,android-lowend",
     "--particles", "2", "--iterations", "1", "--final-epochs", "10",
-    "--synth", "inversion", "--samples-per-teacher", "200", "--steps", "40", "--distill-epochs", "20",
-    "--server-device", "cpu",
+    "--synth", "inversion", "--inversion-samples-per-teacher", "200", "--inversion-steps", "40",
+    "--distill-epochs", "20", "--aggregate-device", "cpu",
 ]  # fmt: skip
 
 
