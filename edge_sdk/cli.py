@@ -407,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     command(
         "run", cmd_run, "search -> train -> export -> bundle in one call (or train a CVAE: --role)", build_run
     )
+
     def build_personalize(p: argparse.ArgumentParser) -> None:
         from edge_sdk.personalize import PersonalizeConfig
 
