@@ -102,7 +102,7 @@ class InputSpec:
     layout: str = LAYOUT
 
     def __post_init__(self) -> None:
-        error = BundleError
+        error = BundleError  # a spec is read from model files: the wire's error
         check_str("input_spec name", self.name, max_bytes=MAX_METADATA_KEY_BYTES, error=error)
         shape = check_input_shape(
             "input_spec shape",
@@ -120,7 +120,9 @@ class InputSpec:
         for name in ("pixel_range", "input_range"):
             low, high = _numbers(f"input_spec {name}", getattr(self, name), 2, error)
             if not low < high:
-                raise error(f"input_spec {name} must be [low, high] with low < high, got [{low}, {high}]")
+                raise error(
+                    f"input_spec {name} must be [low, high] with low < high, got [{low}, {high}]; fix: {_FIX}"
+                )
             object.__setattr__(self, name, (low, high))
         for name, allowed in (("normalization", NORMALIZATIONS), ("dtype", (DTYPE,)), ("layout", (LAYOUT,))):
             if getattr(self, name) not in allowed:
