@@ -14,10 +14,11 @@ from common.errors import BudgetError, ConfigError
 from edge_sdk import __version__
 from edge_sdk.arch import build_model
 from edge_sdk.cvae import CVAE
+from edge_sdk.data import deploy_metadata_for
 from edge_sdk.profiling import fits, profile_model
 from export.atomic import atomic_write_bytes
 from export.bundle import Bundle, write_bundle
-from export.onnx_export import export_decoder_onnx, export_onnx, read_metadata
+from export.onnx_export import export_decoder_onnx, export_onnx, read_deploy, read_metadata
 from export.weights import initializer_state_dict
 from profiles import DeviceProfile
 
@@ -46,6 +47,7 @@ class TrainedModel:
     unknown_output: bool = False  # the module has num_classes + 1 outputs, the last "unknown"
     # per epoch, the training's mean loss ({"train_loss": ...}): the report's curve, never in the bundle
     history: tuple[dict[str, float], ...] = field(default=(), repr=False, compare=False)
+    class_names: tuple[str, ...] | None = None  # of the data it learnt from; None: index names
     # the optimizer it was trained with, to go on training (the chosen finalist); never serialised
     optimizer: torch.optim.Optimizer | None = field(default=None, repr=False, compare=False)
 
@@ -87,7 +89,7 @@ def save_trained_model(trained: TrainedModel, path: str | Path) -> Path:
         "unknown_output": json.dumps(trained.unknown_output),
         "sdk_version": __version__,
         "producer": "edge_sdk.train",
-    }
+    } | _deploy_metadata(trained)
     data = export_onnx(trained.module, trained.input_shape, metadata=meta)
     return atomic_write_bytes(path, data)
 
@@ -111,6 +113,9 @@ def load_trained_model(path: str | Path) -> tuple[TrainedModel, bytes]:
             f"{path} is not a model written by `edge-sdk train` (missing metadata {err}); "
             "train it with the SDK"
         ) from err
+    deploy = read_deploy(
+        data, num_logits=num_classes + int(unknown_output), source=str(path), error=ConfigError
+    )
     module = build_model(arch, input_shape, num_classes + int(unknown_output))  # type: ignore[arg-type]
     module.load_state_dict(initializer_state_dict(data, module), strict=True)
     trained = TrainedModel(
@@ -122,6 +127,7 @@ def load_trained_model(path: str | Path) -> tuple[TrainedModel, bytes]:
         num_examples=num_examples,
         metrics=metrics,
         unknown_output=unknown_output,
+        class_names=None if deploy is None else deploy.class_names[:num_classes],
     )
     return trained, data
 
@@ -144,7 +150,8 @@ def bundle_model(
         onnx_bytes = export_onnx(
             trained.module,
             trained.input_shape,
-            metadata={"arch": trained.arch, "sdk_version": __version__, "producer": "edge_sdk.client"},
+            metadata={"arch": trained.arch, "sdk_version": __version__, "producer": "edge_sdk.client"}
+            | _deploy_metadata(trained),
         )
     metrics = dict(trained.metrics) | dict(extra_metrics or {})
     bundle = Bundle(
@@ -163,6 +170,12 @@ def bundle_model(
     )
     write_bundle(bundle, out)
     return bundle
+
+
+def _deploy_metadata(trained: TrainedModel) -> dict[str, str]:
+    return deploy_metadata_for(
+        trained.input_shape, trained.num_classes, trained.class_names, unknown_output=trained.unknown_output
+    )
 
 
 def _profile_summary(profile: DeviceProfile) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import io
 import math
 import pickle
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,11 @@ import torch
 from common.checks import check_int
 from common.errors import ConfigError, DataError
 from export.atomic import atomic_write_bytes, atomic_write_json
+from export.metadata import UNKNOWN_CLASS, InputSpec, check_class_names, deploy_metadata, index_class_names
+from export.onnx_export import INPUT_NAME
 
 __all__ = [
+    "CLASS_NAMES",
     "DATASETS",
     "DIGITS_SPLIT_SEED",
     "DIGITS_TEST_FRACTION",
@@ -39,6 +43,7 @@ __all__ = [
     "client_datasets",
     "client_name",
     "data_sha256",
+    "deploy_metadata_for",
     "dirichlet_partition",
     "load_client_data",
     "load_dataset",
@@ -57,6 +62,20 @@ DIGITS_SPLIT_SEED = 0
 # an exported ONNX model needs no preprocessing beyond that division. Every architecture family uses these.
 PIXEL_MEAN = 0.5
 PIXEL_STD = 0.5
+# Class names, one per label in label order, of each dataset (torchvision's ``classes``; SVHN's labels are
+# its digits, "0" stored as label 0). They travel with the data (client files) into every exported model.
+CLASS_NAMES: dict[str, tuple[str, ...]] = {
+    "digits": index_class_names(10),
+    "mnist": index_class_names(10),
+    "svhn": index_class_names(10),
+    "fashionmnist": (
+        "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+        "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    ),
+    "cifar10": (
+        "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+    ),
+}  # fmt: skip
 SCHEME = (
     "dirichlet-label-skew (FedDF / NIID-bench: per-class Dir(alpha) over clients, cap N/K, min-size retry)"
 )
@@ -68,7 +87,8 @@ GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "F"})
 
 @dataclass(frozen=True, eq=False)
 class ArrayDataset:
-    """A labelled image set held as tensors: ``x`` uint8 ``N x C x H x W``, ``y`` int64 ``N``.
+    """A labelled image set held as tensors: ``x`` uint8 ``N x C x H x W``, ``y`` int64 ``N``, and the
+    classes' names when known (one per class, what exported models label their outputs with).
 
     Compared by identity (``eq=False``): element-wise tensor equality has no single truth value.
     """
@@ -76,6 +96,7 @@ class ArrayDataset:
     x: torch.Tensor
     y: torch.Tensor
     num_classes: int
+    class_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.x, torch.Tensor) or self.x.dtype != torch.uint8 or self.x.dim() != 4:
@@ -109,6 +130,11 @@ class ArrayDataset:
                 f"labels must be in [0, {self.num_classes}), "
                 f"got range [{int(self.y.min())}, {int(self.y.max())}]; pass the right num_classes"
             )
+        if self.class_names is not None:
+            names = check_class_names(
+                self.class_names, num_classes=self.num_classes, source="dataset", error=DataError
+            )
+            object.__setattr__(self, "class_names", names)
 
     def __len__(self) -> int:
         return len(self.y)
@@ -138,11 +164,36 @@ class ArrayDataset:
                     f"indices must be in [0, {len(self)}), got range [{int(index.min())}, {int(index.max())}]"
                 )
         index = index.to(self.x.device)
-        return ArrayDataset(self.x[index], self.y[index], self.num_classes)
+        return ArrayDataset(self.x[index], self.y[index], self.num_classes, self.class_names)
 
     def label_counts(self) -> list[int]:
         """Samples per class, length ``num_classes``."""
         return [int(v) for v in torch.bincount(self.y.cpu(), minlength=self.num_classes)]
+
+
+def deploy_metadata_for(
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    class_names: Sequence[str] | None,
+    *,
+    unknown_output: bool = False,
+) -> dict[str, str]:
+    """The deployment metadata (:mod:`export.metadata`) of a classifier of this toolkit: the class names
+    (index names where nobody named them; FedOV's extra logit last), and the input spec of the pixel
+    convention above (uint8 pixels / 255 in, the model normalises by PIXEL_MEAN / PIXEL_STD inside)."""
+    names = tuple(class_names) if class_names is not None else index_class_names(num_classes)
+    names = check_class_names(names, num_classes=num_classes, error=ConfigError)
+    channels = input_shape[0]
+    spec = InputSpec(
+        name=INPUT_NAME,
+        shape=input_shape,
+        mean=(PIXEL_MEAN,) * channels,
+        std=(PIXEL_STD,) * channels,
+        pixel_range=(0.0, 255.0),
+        input_range=(0.0, 1.0),
+        normalization="inside",
+    )
+    return deploy_metadata(names + ((UNKNOWN_CLASS,) if unknown_output else ()), spec)
 
 
 def _check_name(name: str) -> str:
@@ -164,7 +215,7 @@ def _load_digits(split: str) -> ArrayDataset:
         np.arange(len(y)), test_size=DIGITS_TEST_FRACTION, random_state=DIGITS_SPLIT_SEED, stratify=y
     )
     idx = np.sort(train_idx if split == "train" else test_idx)
-    return ArrayDataset(torch.from_numpy(x[idx]), torch.from_numpy(y[idx]), 10)
+    return ArrayDataset(torch.from_numpy(x[idx]), torch.from_numpy(y[idx]), 10, CLASS_NAMES["digits"])
 
 
 def _load_torchvision(name: str, root: Path, split: str, download: bool) -> ArrayDataset:
@@ -198,7 +249,7 @@ def _load_torchvision(name: str, root: Path, split: str, download: bool) -> Arra
     else:
         x = torch.from_numpy(np.ascontiguousarray(ds.data, dtype=np.uint8))  # already NCHW; labels 0..9
         y = torch.from_numpy(np.asarray(ds.labels, dtype=np.int64))
-    return ArrayDataset(x.contiguous(), y, 10)
+    return ArrayDataset(x.contiguous(), y, 10, CLASS_NAMES[name])
 
 
 def load_dataset(
@@ -339,9 +390,13 @@ def data_sha256(ds: ArrayDataset) -> str:
 
 
 def save_client_data(path: str | Path, ds: ArrayDataset) -> Path:
-    """Write ``ds`` as an ``.npz`` (``x`` uint8 NCHW, ``y`` int64, ``num_classes``), atomically."""
+    """Write ``ds`` as an ``.npz`` (``x`` uint8 NCHW, ``y`` int64, ``num_classes``, ``class_names`` when
+    known, as a 1-D unicode array), atomically."""
     buffer = io.BytesIO()
-    np.savez(buffer, x=ds.x.cpu().numpy(), y=ds.y.cpu().numpy(), num_classes=np.int64(ds.num_classes))
+    arrays = {"x": ds.x.cpu().numpy(), "y": ds.y.cpu().numpy(), "num_classes": np.int64(ds.num_classes)}
+    if ds.class_names is not None:
+        arrays["class_names"] = np.array(ds.class_names, dtype=np.str_)
+    np.savez(buffer, **arrays)
     return atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -357,6 +412,7 @@ def _load_npz(path: Path, num_classes: int | None) -> ArrayDataset:
                 raise DataError(f"client file {path} lacks {missing} (has {sorted(data.files)}); {hint}")
             x, y = data["x"], data["y"]
             stored = data["num_classes"] if "num_classes" in data.files else None
+            names = data["class_names"] if "class_names" in data.files else None
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
         if isinstance(err, DataError):
             raise
@@ -373,8 +429,20 @@ def _load_npz(path: Path, num_classes: int | None) -> ArrayDataset:
         num_classes = int(stored)
     if num_classes is None:
         num_classes = int(y.max()) + 1 if len(y) else 1
+    if names is not None and (names.dtype.kind != "U" or names.ndim != 1):
+        raise DataError(
+            f"client file {path}: class_names must be a 1-D str array, got {names.dtype} {names.shape}"
+        )
+    if names is not None and len(names) != num_classes:
+        raise DataError(
+            f"client file {path} names {len(names)} classes (class_names) but num_classes is {num_classes}; "
+            "pass the num_classes the file was written for"
+        )
     return ArrayDataset(
-        torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y.astype(np.int64)), num_classes
+        torch.from_numpy(np.ascontiguousarray(x)),
+        torch.from_numpy(y.astype(np.int64)),
+        num_classes,
+        None if names is None else tuple(str(n) for n in names),
     )
 
 
@@ -390,10 +458,12 @@ def _load_image_folder(root: Path, num_classes: int | None) -> ArrayDataset:
     folders = [p for p in entries if p.is_dir()]
     if not folders:
         raise DataError(f"image folder {root} has no class sub-folders; {layout}")
+    names: tuple[str, ...] | None = None
     if all(p.name.isdigit() for p in folders):
         classes = {p: int(p.name) for p in folders}
     else:
         classes = {p: i for i, p in enumerate(folders)}
+        names = tuple(p.name for p in folders)  # the folders name the classes, in label order
     files = [
         (f, label)
         for folder, label in classes.items()
@@ -423,7 +493,9 @@ def _load_image_folder(root: Path, num_classes: int | None) -> ArrayDataset:
     y = np.array([label for _, label in files], dtype=np.int64)
     if num_classes is None:
         num_classes = max(classes.values()) + 1
-    return ArrayDataset(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y), num_classes)
+    if names is not None and len(names) != num_classes:
+        names = None  # a federation's count (num_classes) over this device's folders: the others unnamed
+    return ArrayDataset(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y), num_classes, names)
 
 
 def load_client_data(path: str | Path, *, num_classes: int | None = None) -> ArrayDataset:

@@ -102,6 +102,7 @@ def train_final(
         num_examples=len(train_split),
         metrics=metrics,
         unknown_output=unknown_output,
+        class_names=train_split.class_names,
         optimizer=optimizer,
         history=tuple({"train_loss": loss} for loss in losses),
     )

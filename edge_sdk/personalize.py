@@ -53,7 +53,7 @@ from common.torch_utils import frozen
 from edge_sdk.arch import build_model
 from edge_sdk.curves import curve_records
 from edge_sdk.cvae import build_cvae
-from edge_sdk.data import ArrayDataset, split_train_val
+from edge_sdk.data import ArrayDataset, deploy_metadata_for, split_train_val
 from edge_sdk.train import evaluate, kd_loss_logits, to_float
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle
@@ -453,6 +453,7 @@ def personalize(
 
     with timed(seconds, "export"):
         meta = {"arch": arch, "producer": "edge-sdk personalize", "method": config.method}
+        meta |= deploy_metadata_for(shape, classes, data.class_names)  # type: ignore[arg-type]
         fp32 = export_onnx(model.cpu(), shape, metadata=meta, keep_batchnorm=False, seed=seed)  # type: ignore[arg-type]
         calib = to_float(train_split.x[: config.calibration_size]).numpy()
         int8 = quantize_int8(fp32, calib)

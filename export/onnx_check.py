@@ -14,7 +14,9 @@ means what the manifest says:
 4. strict shape inference gives every value a static shape at batch 1 and at ``max_batch``; element
    counts and operation counts are bounded per sample (a batch of B may cost B times the budget), and
    integer tensors may only be copied (``Shape``, ``Slice``, ``Concat``, ...), never computed, so no
-   size can be derived by arithmetic.
+   size can be derived by arithmetic;
+5. a classifier's deployment metadata, where it has some, is well formed with one class name per logit
+   (:func:`export.metadata.read_deploy_metadata`; its ``metadata_props`` were bounded in step 1).
 
 So the memory and compute of running the graph are bounded before it runs: this is the per-file budget
 of time and memory. Every refusal is ``error`` (BundleError by default) naming the source, what was
@@ -31,6 +33,7 @@ import onnx
 from onnx import TensorProto
 
 from common.errors import BundleError, ToolkitError
+from export.metadata import read_deploy_metadata
 from export.onnx_export import DECODER_INPUT_NAMES, DECODER_OUTPUT_NAME
 from export.onnx_parse import (
     DEFAULT_LIMITS,
@@ -163,8 +166,9 @@ def check_classifier_onnx(
     error: type[ToolkitError] = BundleError,
 ) -> onnx.ModelProto:
     """:func:`check_onnx` for a classifier: one input ``[batch, *input_shape]`` -> ``[batch, num_classes]``
-    (names free: a classifier exported elsewhere may call them anything)."""
-    return check_onnx(
+    (names free: a classifier exported elsewhere may call them anything), and its deployment metadata,
+    when present, names ``num_classes`` classes and describes that input."""
+    proto = check_onnx(
         model,
         inputs=[tuple(input_shape)],
         outputs=[(num_classes,)],
@@ -172,6 +176,21 @@ def check_classifier_onnx(
         limits=limits,
         error=error,
     )
+    props = {entry.key: entry.value for entry in proto.metadata_props}  # bounded by check_onnx
+    meta = read_deploy_metadata(props, num_logits=num_classes, source=source, error=error)
+    if meta is not None:
+        spec = meta.input_spec
+        weights = {init.name for init in proto.graph.initializer}
+        graph_input = next((i.name for i in proto.graph.input if i.name not in weights), None)
+        if spec.shape != tuple(input_shape) or spec.name != graph_input:
+            raise refuse(
+                error,
+                source,
+                f"the metadata's input_spec describes input {spec.name[:80]!r} {list(spec.shape)}, the graph "
+                f"has {str(graph_input)[:80]!r} {list(input_shape)}",
+                _EXPORT_FIX,
+            )
+    return proto
 
 
 def check_decoder_onnx(

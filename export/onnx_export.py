@@ -31,7 +31,8 @@ import torch
 from google.protobuf.message import DecodeError
 from torch import nn
 
-from common.errors import ExportError
+from common.errors import BundleError, ExportError, ToolkitError
+from export.metadata import DeployMetadata, check_metadata_props, read_deploy_metadata
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -47,6 +48,7 @@ __all__ = [
     "export_decoder_onnx",
     "export_onnx",
     "onnx_session",
+    "read_deploy",
     "read_metadata",
     "validate_onnx",
 ]
@@ -80,6 +82,8 @@ def export_onnx(
 
     ``metadata`` (str -> str, e.g. arch, sdk_version, producer) is merged with the keys the exporter sets
     (``opset``, ``input_shape`` as a JSON list, ``batchnorm``); a caller value for one of those must agree.
+    Deployment metadata (:func:`export.metadata.deploy_metadata`) must name one class per logit and
+    describe this input, checked here so no file is written that its readers would refuse.
     The model's train/eval mode is restored module by module afterwards. Same model -> same bytes.
     """
     input_shape = _check_input_shape(input_shape)
@@ -100,8 +104,18 @@ def export_onnx(
         fix=(f"make sure the model runs on a float32 batch shaped (N, {', '.join(map(str, input_shape))})"),
         what=f"input shape {input_shape}",
     )
-    validate_onnx(data)
+    dims = validate_onnx(data).graph.output[0].type.tensor_type.shape.dim
     check_parity(model, data, input_shape, seed=seed, atol=atol)
+    logits = dims[1].dim_value if len(dims) == 2 and dims[1].dim_value > 0 else None
+    deploy = read_deploy_metadata(props, num_logits=logits, source="export_onnx metadata", error=ExportError)
+    if deploy is not None and (
+        deploy.input_spec.shape != input_shape or deploy.input_spec.name != INPUT_NAME
+    ):
+        raise ExportError(
+            f"the input_spec metadata describes input {deploy.input_spec.name!r} "
+            f"{list(deploy.input_spec.shape)}, the export has {INPUT_NAME!r} {list(input_shape)}; fix: build "
+            "the spec for the shape passed to export_onnx"
+        )
     return data
 
 
@@ -365,6 +379,20 @@ def _compare(
 def read_metadata(model_bytes: bytes) -> dict[str, str]:
     """The ``metadata_props`` of an ONNX model as a dict."""
     return {entry.key: entry.value for entry in _parse(model_bytes).metadata_props}
+
+
+def read_deploy(
+    model_bytes: bytes,
+    *,
+    num_logits: int | None = None,
+    source: str = "model",
+    error: type[ToolkitError] = BundleError,
+) -> DeployMetadata | None:
+    """The deployment metadata (class names, input spec) of an ONNX model, bounded and checked
+    (:mod:`export.metadata`); None for a model exported without it."""
+    entries = ((entry.key, entry.value) for entry in _parse(model_bytes).metadata_props)
+    props = check_metadata_props(entries, source=source, error=error)
+    return read_deploy_metadata(props, num_logits=num_logits, source=source, error=error)
 
 
 def onnx_session(model_bytes: bytes, *, threads: int = 1) -> onnxruntime.InferenceSession:

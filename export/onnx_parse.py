@@ -10,7 +10,8 @@ goes on from its result; ``export.weights`` only takes weights out):
    so names, op types, domains and string attributes are decoded here, once, for everything after;
 3. no model-local functions, no graph-valued, sparse or reference attributes, and every tensor lives
    inside the file (no external data in any form, no sparse tensors), is float32 (or a small int64
-   shape tensor), has dims >= 1 and exactly as much data as its dims say; counts and bytes are bounded.
+   shape tensor), has dims >= 1 and exactly as much data as its dims say; counts and bytes are bounded;
+4. the ``metadata_props`` are bounded in count and size (``export.metadata.check_metadata_props``).
 
 :func:`contract_guard` is the backstop around the whole contract: whatever a hostile file still makes
 the checker raise outside the contract's own refusals becomes ``error`` naming the file. Every refusal
@@ -33,6 +34,7 @@ from onnx import AttributeProto, TensorProto
 
 from common.checks import check_int
 from common.errors import BundleError, ToolkitError
+from export.metadata import check_metadata_props
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -156,8 +158,9 @@ def parse_onnx(
 
 
 def check_data(proto: onnx.ModelProto, source: str, limits: OnnxLimits, error: type[ToolkitError]) -> None:
-    """Steps 2 and 3 of the module docstring on a parsed model (reads no tensor data)."""
+    """Steps 2 to 4 of the module docstring on a parsed model (reads no tensor data)."""
     _check_text(proto, "model", source, error)
+    check_metadata_props(((e.key, e.value) for e in proto.metadata_props), source=source, error=error)
     if proto.functions or proto.training_info:
         what = "model-local functions" if proto.functions else "training_info graphs"
         raise refuse(error, source, f"the model defines {what}, expected a single plain graph", _EXPORT_FIX)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import ExportError
-from export.onnx_export import INPUT_NAME, onnx_session, validate_onnx
+from export.onnx_export import INPUT_NAME, onnx_session, read_metadata, validate_onnx
 
 __all__ = ["latency_ms", "quantize_int8"]
 
@@ -36,7 +36,10 @@ def quantize_int8(model_bytes: bytes, calibration: np.ndarray, *, batch_size: in
     """Static int8 QDQ quantization of an fp32 classifier, calibrated on ``calibration``.
 
     ``calibration``: float32 pixels in [0, 1], N x C x H x W (a few hundred local images suffice).
-    The result passes the same ONNX checks as every export.
+    The result passes the same ONNX checks as every export and keeps every ``metadata_props`` entry of
+    the fp32 model (provenance, class names, input spec: the int8 model takes the same float32 input);
+    onnxruntime's tools carry them over and add their own ``onnx.*`` keys, checked here since a deployed
+    model without its class names would be unusable.
     """
     from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
 
@@ -60,7 +63,13 @@ def quantize_int8(model_bytes: bytes, calibration: np.ndarray, *, batch_size: in
         except Exception as err:  # onnxruntime raises assorted types from its tooling
             raise ExportError(f"int8 quantization failed: {type(err).__name__}: {err}") from err
         data = dst.read_bytes()
-    validate_onnx(data)
+    kept = {entry.key: entry.value for entry in validate_onnx(data).metadata_props}
+    lost = sorted(key for key, value in read_metadata(model_bytes).items() if kept.get(key) != value)
+    if lost:
+        raise ExportError(
+            f"int8 quantization dropped or changed the metadata {lost}, expected every fp32 entry kept; "
+            "fix: check the installed onnxruntime's quantization tools"
+        )
     return data
 
 

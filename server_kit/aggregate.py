@@ -42,7 +42,7 @@ from common.errors import (
 from common.seeding import derive_seed, seeded
 from common.timing import timed
 from edge_sdk.arch import build_model, parse_arch, with_num_classes
-from edge_sdk.data import ArrayDataset
+from edge_sdk.data import ArrayDataset, deploy_metadata_for
 from edge_sdk.precision import Precision, autocast, check_precision, resolve_precision
 from edge_sdk.profiling import allowed_cores, usable_threads
 from edge_sdk.train import release_memory
@@ -60,7 +60,7 @@ from server_kit.grid import write_grid
 from server_kit.inversion import InversionConfig, SyntheticSet, synthesize_inversion
 from server_kit.labels import LabelConfig, Labels, label_synthetic
 from server_kit.parallel import teacher_workers
-from server_kit.teachers import Teacher, Uploads, read_uploads, teachers_from_bundles
+from server_kit.teachers import Teacher, Uploads, declared_class_names, read_uploads, teachers_from_bundles
 from server_kit.trust import verify_claims, verify_decoders
 
 __all__ = [
@@ -378,6 +378,7 @@ class Federation:
     input_shape: tuple[int, int, int]
     device: torch.device
     decoders: list[tuple[Path, Any]] = field(default_factory=list)
+    class_names: tuple[str, ...] | None = None  # what the teachers agree on; None: index names
 
     @classmethod
     def from_teachers(
@@ -391,6 +392,7 @@ class Federation:
             input_shape=tuple(first.input_shape),  # type: ignore[arg-type]
             device=device,
             decoders=list(decoders or []),
+            class_names=declared_class_names([t.bundle for t in teachers]),
         )
 
 
@@ -817,7 +819,7 @@ def _run(
             "num_classes": str(fed.num_classes),
             "num_teachers": str(len(teachers)),
             "seed": str(config.seed),
-        }
+        } | deploy_metadata_for(fed.input_shape, fed.num_classes, fed.class_names)
         model_bytes = export_onnx(training.student, fed.input_shape, metadata=metadata, seed=config.seed)
         global_onnx = atomic_write_bytes(out / "global.onnx", model_bytes)
         keep = labels.keep
@@ -838,6 +840,7 @@ def _run(
             "arch": training.spec,
             "num_classes": fed.num_classes,
             "input_shape": list(fed.input_shape),
+            "class_names": list(fed.class_names) if fed.class_names is not None else None,
         },
         "teachers": [
             {

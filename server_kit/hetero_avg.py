@@ -18,6 +18,7 @@ import torch
 
 from common.errors import BundleError, ConfigError
 from edge_sdk.arch import family_of_text
+from edge_sdk.data import deploy_metadata_for
 from edge_sdk.elastic import (
     ELASTIC_FAMILY,
     ElasticSpec,
@@ -31,6 +32,7 @@ from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle, client_names, read_bundle
 from export.onnx_export import export_onnx
 from export.weights import initializer_state_dict
+from server_kit.teachers import declared_class_names
 
 __all__ = ["hetero_avg", "hetero_fedavg"]
 
@@ -82,10 +84,12 @@ def hetero_fedavg(
         template = extract(supernet, spec)
         clients.append((spec, initializer_state_dict(bundle.model_onnx, template), bundle.num_examples))
     merged = hetero_avg(supernet, clients)
+    labels = declared_class_names([bundle for _, bundle, _ in bundles])
     rows = []
     for name, (_, bundle, spec) in zip(names, bundles, strict=True):
         model = extract(merged, spec).eval()
         meta = {"arch": str(spec), "producer": "hetero-avg"}
+        meta |= deploy_metadata_for(tuple(bundle.input_shape), bundle.num_classes, labels)  # type: ignore[arg-type]
         data = export_onnx(model, tuple(bundle.input_shape), metadata=meta)  # type: ignore[arg-type]
         target = atomic_write_bytes(out / f"{name}.onnx", data)
         rows.append(

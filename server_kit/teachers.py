@@ -28,7 +28,7 @@ from common.errors import BundleError, ConfigError, ExportError, SpecError, Teac
 from edge_sdk.arch import build_model
 from export.bundle import KINDS, Bundle, bundle_from_bytes, read_bundle
 from export.onnx_check import check_classifier_onnx
-from export.onnx_export import onnx_session
+from export.onnx_export import onnx_session, read_deploy
 from export.weights import initializer_state_dict
 from server_kit.abstain import Abstaining
 from server_kit.onnx_convert import convert_onnx
@@ -39,12 +39,28 @@ __all__ = [
     "batch_statistics_gap",
     "batchnorm_layers",
     "classifier_weight",
+    "declared_class_names",
     "load_teacher",
     "load_teachers",
     "read_uploads",
     "rebuild_teacher",
     "teachers_from_bundles",
 ]
+
+
+def declared_class_names(bundles: Sequence[Bundle]) -> tuple[str, ...] | None:
+    """The task's class names the classifier bundles declare in their ONNX metadata, when every bundle
+    that declares some (older exports have none) declares the same; None otherwise, and the models made
+    from them are labelled with index names. A FedOV bundle's extra "unknown" name is not the task's."""
+    declared = set()
+    for bundle in bundles:
+        if bundle.kind != "classifier":
+            continue
+        meta = read_deploy(bundle.model_onnx, num_logits=bundle.num_outputs, error=TeacherError)
+        if meta is not None:
+            declared.add(meta.class_names[: bundle.num_classes])
+    return declared.pop() if len(declared) == 1 else None
+
 
 PARITY_BATCH = 4
 PARITY_SEED = 0

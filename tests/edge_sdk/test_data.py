@@ -13,6 +13,7 @@ from PIL import Image
 
 from common.errors import ConfigError, DataError
 from edge_sdk.data import (
+    CLASS_NAMES,
     DATASETS,
     ArrayDataset,
     client_name,
@@ -249,7 +250,35 @@ def test_split_train_val() -> None:
         split_train_val(make_ds(1), seed=0)
 
 
+def test_class_names_travel_with_the_data() -> None:
+    assert set(CLASS_NAMES) == set(DATASETS)
+    assert all(len(names) == 10 == len(set(names)) for names in CLASS_NAMES.values())
+    assert CLASS_NAMES["fashionmnist"][0] == "T-shirt/top" and CLASS_NAMES["cifar10"][-1] == "truck"
+    digits = load_dataset("digits", split="test")
+    assert digits.class_names == tuple("0123456789")
+    train, val = split_train_val(digits, seed=0)
+    assert train.class_names == val.class_names == digits.class_names
+    assert make_ds().class_names is None  # nobody named them
+    with pytest.raises(DataError, match="3 class names for 4 classes"):
+        ArrayDataset(make_ds().x, make_ds().y, 4, ("a", "b", "c"))
+    with pytest.raises(DataError, match="unique"):
+        ArrayDataset(make_ds().x, make_ds().y, 4, ("a", "b", "c", "a"))
+
+
 # ---------------------------------------------------------------- client files
+
+
+def test_npz_keeps_class_names_and_refuses_bad_ones(tmp_path: Path) -> None:
+    ds = make_ds(8, 2)
+    named = ArrayDataset(ds.x, ds.y, 2, ("left", "right"))
+    back = load_client_data(save_client_data(tmp_path / "named.npz", named))
+    assert back.class_names == ("left", "right") and torch.equal(back.x, ds.x)
+    assert load_client_data(save_client_data(tmp_path / "plain.npz", ds)).class_names is None
+    with pytest.raises(DataError, match=r"names 2 classes .* but num_classes is 5"):
+        load_client_data(tmp_path / "named.npz", num_classes=5)
+    np.savez(tmp_path / "ints.npz", x=ds.x.numpy(), y=ds.y.numpy(), class_names=np.array([1, 2]))
+    with pytest.raises(DataError, match="class_names must be a 1-D str array"):
+        load_client_data(tmp_path / "ints.npz")
 
 
 def test_npz_round_trip_is_atomic(tmp_path: Path) -> None:
@@ -302,6 +331,7 @@ def test_image_folder_named_classes(tmp_path: Path) -> None:
     assert ds.x.shape == (3, 1, 4, 5)  # PIL size is (width, height)
     assert ds.y.tolist() == [0, 1, 1]  # sorted names: ant -> 0, cat -> 1
     assert ds.x[:, 0, 0, 0].tolist() == [30, 10, 20] and ds.num_classes == 2
+    assert ds.class_names == ("ant", "cat")  # the folders name the classes
 
 
 def test_image_folder_integer_classes_and_colour(tmp_path: Path) -> None:
@@ -354,6 +384,7 @@ def test_partition_writes_clients_test_and_manifest(tmp_path: Path) -> None:
     for client, idx in zip(clients, expected, strict=True):
         assert torch.equal(client.x, train.x[idx]) and torch.equal(client.y, train.y[idx])
     assert torch.equal(load_client_data(result.test_path).x, test.x)
+    assert all(c.class_names == train.class_names == tuple("0123456789") for c in clients)
 
     manifest = json.loads(result.manifest_path.read_text())
     assert manifest["dataset"] == "digits" and manifest["num_clients"] == 3

@@ -20,7 +20,7 @@ from edge_sdk.curves import check_curve
 from edge_sdk.data import ArrayDataset, save_client_data
 from edge_sdk.personalize import PersonalizeConfig, personalize, pkt_loss, update_alpha
 from export.bundle import read_bundle
-from export.onnx_export import INPUT_NAME, onnx_session
+from export.onnx_export import INPUT_NAME, onnx_session, read_deploy
 from export.package import read_package
 from server_kit.aggregate import aggregate
 from server_kit.pke import PKEConfig, extractor_names, personalize_server, train_server_models
@@ -155,7 +155,8 @@ def test_each_method_writes_deployable_models(federation, bundles, method):  # n
         calibration_size=16,
     )
     out = tmp / f"client0-{method}"
-    res = personalize(data, read_bundle(bundles[0]), read_package(result.packages[0]), out, config=config)
+    named = dataclasses.replace(data, class_names=("ant", "bee", "cat"))
+    res = personalize(named, read_bundle(bundles[0]), read_package(result.packages[0]), out, config=config)
     report = json.loads((out / "report.json").read_text())
     assert res.kept in ("int8", "fp32") and report["kept"] == res.kept
     int8_ok = report["val_accuracy"]["int8"] >= report["val_accuracy"]["fp32"] - config.int8_tolerance
@@ -164,6 +165,10 @@ def test_each_method_writes_deployable_models(federation, bundles, method):  # n
     assert res.deploy_onnx.read_bytes() == expected
     logits = onnx_session(expected).run(None, {INPUT_NAME: torch.rand(4, *SHAPE).numpy()})[0]
     assert logits.shape == (4, L)
+    for precision in ("fp32", "int8"):  # both deployable models name the classes and describe the input
+        meta = read_deploy((out / f"personal.{precision}.onnx").read_bytes(), num_logits=L)
+        assert meta is not None and meta.class_names == ("ant", "bee", "cat")
+        assert meta.input_spec.shape == SHAPE and meta.input_spec.normalization == "inside"
     assert report["size_bytes"]["int8"] > 0 and report["latency"]["fp32"]["batch_1_ms"] > 0
     if method == "kdg":
         assert set(report["training"]["loss"][0]) == {"ce", "dis", "lat", "tea", "disg"}

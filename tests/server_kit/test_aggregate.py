@@ -12,14 +12,14 @@ from PIL import Image
 
 from common.errors import BundleError, ConfigError, TeacherError
 from edge_sdk.arch import build_model
-from edge_sdk.data import ArrayDataset
-from export.bundle import Bundle, write_bundle
-from export.onnx_export import export_onnx, read_metadata, validate_onnx
+from edge_sdk.data import ArrayDataset, deploy_metadata_for
+from export.bundle import Bundle, read_bundle, write_bundle
+from export.onnx_export import export_onnx, read_deploy, read_metadata, validate_onnx
 from server_kit.aggregate import SYNTHETIC_FILE, AggregateConfig, aggregate, load_synthetic
 from server_kit.distill import DistillConfig
 from server_kit.inversion import InversionConfig
 from server_kit.labels import LabelConfig
-from server_kit.teachers import teachers_from_bundles
+from server_kit.teachers import declared_class_names, teachers_from_bundles
 
 SHAPE = (1, 8, 8)
 L = 3
@@ -27,15 +27,26 @@ SPECS = ("C4k3-P-F3", "C6k5-P-F8-F3", "C4k3-C4k3-P-F3")
 
 
 def _bundle(
-    tmp_path, name: str, spec: str, seed: int, counts: list[int], *, unknown_output: bool = False
+    tmp_path,
+    name: str,
+    spec: str,
+    seed: int,
+    counts: list[int],
+    *,
+    unknown_output: bool = False,
+    class_names: tuple[str, ...] | None = None,
 ) -> str:
-    """A classifier bundle of an untrained ``spec`` (one more output than classes with ``unknown_output``)."""
+    """A classifier bundle of an untrained ``spec`` (one more output than classes with ``unknown_output``),
+    its ONNX naming the classes when ``class_names`` are given."""
+    meta = {"arch": spec}
+    if class_names is not None:
+        meta |= deploy_metadata_for(SHAPE, len(counts), class_names, unknown_output=unknown_output)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = build_model(spec, SHAPE, len(counts) + int(unknown_output)).eval()
     bundle = Bundle(
         kind="classifier",
-        model_onnx=export_onnx(model, SHAPE, metadata={"arch": spec}),
+        model_onnx=export_onnx(model, SHAPE, metadata=meta),
         arch=spec,
         num_classes=len(counts),
         input_shape=SHAPE,
@@ -83,6 +94,8 @@ def test_aggregate_end_to_end(tmp_path, bundles):
     validate_onnx(model_bytes)
     meta = read_metadata(model_bytes)
     assert meta["role"] == "global-student" and meta["arch"] == "C4k3-P-F16-F3"
+    deploy = read_deploy(model_bytes, num_logits=L)  # the teachers named no class: index names
+    assert deploy is not None and deploy.class_names == ("0", "1", "2") and deploy.input_spec.shape == SHAPE
 
     report = json.loads(result.report_path.read_text())
     assert report == json.loads(json.dumps(result.report))
@@ -109,6 +122,22 @@ def test_aggregate_end_to_end(tmp_path, bundles):
     again = aggregate(bundles, out, config=tiny_config(), eval_data=None)
     assert again.global_onnx.read_bytes() == model_bytes
     assert again.accuracy is None
+
+
+def test_the_global_model_names_the_classes_the_teachers_agree_on(tmp_path, bundles):
+    names = ("ant", "bee", "cat")
+    named = [
+        _bundle(tmp_path, "named_0", SPECS[0], 0, [10, 0, 5], class_names=names),
+        _bundle(tmp_path, "named_1", SPECS[1], 1, [3, 7, 0], class_names=names, unknown_output=True),
+    ]
+    result = aggregate([*named, bundles[2]], tmp_path / "server", config=tiny_config())  # one unnamed
+    deploy = read_deploy(result.global_onnx.read_bytes(), num_logits=L)
+    assert deploy is not None and deploy.class_names == names
+    assert result.report["student"]["class_names"] == list(names)
+    other = _bundle(tmp_path, "other", SPECS[2], 2, [4, 4, 4], class_names=("x", "y", "z"))
+    read = [read_bundle(p) for p in (*named, other)]
+    assert declared_class_names(read[:2]) == names  # FedOV's extra "unknown" name is not the task's
+    assert declared_class_names(read) is None  # teachers that disagree: index names
 
 
 def test_a_changed_config_does_not_reuse_old_chunks(tmp_path, bundles):

@@ -11,6 +11,7 @@ from common.errors import ConfigError
 from edge_sdk.client import CODE_VERSION
 from edge_sdk.data import client_name
 from export.bundle import read_bundle
+from export.onnx_export import read_deploy
 from server_kit.cli import main
 from server_kit.resume import client_verdict as _client_verdict
 from server_kit.resume import prepare_server as _prepare_server
@@ -102,6 +103,17 @@ def test_results_json_holds_every_field_of_the_simulate_result(federation):
 def test_global_accuracy_is_well_above_chance(federation):
     _, results = federation
     assert results["global_accuracy"] > 0.5  # chance is 0.1 on ten digit classes
+
+
+def test_every_deployable_model_names_the_digits(federation):
+    """The digits' names go from the partition's files into each client's classifier and the global model."""
+    out, _ = federation
+    digits = tuple("0123456789")
+    models = [read_bundle(p).model_onnx for p in sorted((out / "clients").glob("client_??.bundle"))]
+    assert len(models) == 3
+    for model in [*models, (out / "server" / "global.onnx").read_bytes()]:
+        meta = read_deploy(model, num_logits=10)
+        assert meta is not None and meta.class_names == digits and meta.input_spec.shape == (1, 8, 8)
 
 
 def test_rerun_resumes_finished_clients(federation):
