@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 import types
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from common import toml
 from common.errors import ConfigError
 
 __all__ = ["Builder", "config_from_dict", "read_config_file"]
@@ -107,7 +107,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {str(path)!r}: {err}; fix: check the path") from err
     try:
         if path.suffix.lower() == ".toml":
-            data: Any = tomllib.loads(text)
+            data: Any = toml.loads(text)
         elif path.suffix.lower() == ".json":
             data = json.loads(text)
         else:
@@ -115,7 +115,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
                 f"config file must end in .toml or .json, got {str(path)!r}; fix: rename it or point at "
                 "a run's results.json"
             )
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+    except (toml.TOMLDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"config file {str(path)!r} does not parse: {err}") from err
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         data = data["config"]

@@ -281,8 +281,13 @@ def cmd_export(args: argparse.Namespace) -> Output:
 
 
 def cmd_run(args: argparse.Namespace) -> Output:
-    from edge_sdk.client import ClientConfig, run_client
+    from edge_sdk.footprint import check_hosts
     from profiles import load_profile
+
+    profile = load_profile(args.profile)
+    if not args.emulate:
+        check_hosts(profile, args.role)  # before torch: a device that cannot host it hears so at once
+    from edge_sdk.client import ClientConfig, run_client
 
     data = load_data(args)
     search = search_config(args)
@@ -305,7 +310,7 @@ def cmd_run(args: argparse.Namespace) -> Output:
         unknown_output=args.unknown_output,
         precision=args.precision,
     )
-    result = run_client(data, profile=load_profile(args.profile), config=config, out=args.out)
+    result = run_client(data, profile=profile, config=config, out=args.out, hosted=not args.emulate)
     m = result.metrics
     data = {
         "arch": result.arch,
@@ -478,6 +483,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--init",
         help="shared initial weights from `server-kit init`: train their architecture from them, no search "
         "(refused when they do not fit the task, --fixed-arch or the profile's budget)",
+    )
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="this machine stands in for the profile's device (testing, simulation): the toolkit's own "
+        "memory is not held to the profile's memory_mb (without it, a device too small to run "
+        "`edge-sdk run` is refused and auto steps down to a role that fits)",
     )
 
     p = command(

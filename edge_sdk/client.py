@@ -203,12 +203,22 @@ def run_client(
     profile: DeviceProfile,
     config: ClientConfig,
     out: str | Path,
+    hosted: bool = False,
 ) -> ClientResult:
     """The device pipeline for the resolved role, as `edge-sdk run`. Writes `out` and `out`.report.json
-    (and, for ``both``, the decoder bundle at :func:`decoder_bundle_path`)."""
+    (and, for ``both``, the decoder bundle at :func:`decoder_bundle_path`). ``hosted``: this process is
+    the profile's device, so the role must fit its memory too (:func:`edge_sdk.roles.resolve_role`)."""
     out = Path(out)
     train_split, val_split = split_train_val(data, val_fraction=config.val_fraction, seed=config.seed)
-    role = resolve_role(config.role, profile, data.input_shape, data.num_classes, config.search, config.cvae)
+    role = resolve_role(
+        config.role,
+        profile,
+        data.input_shape,
+        data.num_classes,
+        config.search,
+        config.cvae,
+        hosted=hosted,
+    )
     report_path = out.with_name(out.name + ".report.json")
     seconds: dict[str, float] = {}
     report: dict[str, Any] = {"role": role, "profile": profile.name} | resume_key(config, data, profile)
