@@ -14,6 +14,7 @@ from common.cli import MODULE_EXTRAS, PACKAGES, cli_main, missing_extra, root_pa
 
 ROOT = Path(__file__).resolve().parents[2]
 SELF = "oneshot-fl-edge"
+STDLIB = sys.stdlib_module_names | {"tomllib"}  # stdlib from 3.11, where common.toml imports it
 
 
 def _imported_modules() -> dict[str, str]:
@@ -30,7 +31,7 @@ def _imported_modules() -> dict[str, str]:
                     continue
                 for name in names:
                     top = name.split(".")[0]
-                    if top not in sys.stdlib_module_names and top not in PACKAGES:
+                    if top not in STDLIB and top not in PACKAGES:
                         found.setdefault(top, str(path.relative_to(ROOT)))
     return found
 
