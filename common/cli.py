@@ -9,7 +9,8 @@ returns an :class:`Output`. What is left is here, once, so both CLIs word their 
 
 Exit codes: 0 success; 2 a usage error (argparse, or a ``ConfigError``: an option, a preset, a profile or a
 config file the command cannot take, nothing ran); 1 a runtime error (any other ``ToolkitError``, an
-``OSError``, or an unexpected exception: "internal error"); 130 interrupted.
+``OSError``, a third-party package the install lacks (the line names the extra that brings it), or an
+unexpected exception: "internal error"); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from common.errors import ConfigError, ToolkitError
 __all__ = [
     "EXIT_RUNTIME",
     "EXIT_USAGE",
+    "MODULE_EXTRAS",
     "PACKAGES",
     "Output",
     "cli_main",
     "configure_logging",
     "json_text",
+    "missing_extra",
     "one_line",
     "out_dir",
     "out_file",
@@ -116,6 +119,46 @@ def _emit(output: Output, fmt: str) -> None:
             print(line)
 
 
+# third-party module -> (its distribution, the pyproject.toml extras that install it; () for the core): a
+# command that meets one missing names the extra to install (tests/common/test_extras.py holds this table
+# equal to what the packages import and to pyproject.toml)
+MODULE_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "msgpack": ("msgpack", ()),
+    "tomli": ("tomli", ()),
+    "jsonargparse": ("jsonargparse", ()),
+    "yaml": ("pyyaml", ()),
+    "torch": ("torch", ("device",)),
+    "numpy": ("numpy", ("device",)),
+    "onnx": ("onnx", ("device",)),
+    "google": ("protobuf", ("device",)),
+    "onnxruntime": ("onnxruntime", ("device",)),
+    "safetensors": ("safetensors", ("device",)),
+    "tqdm": ("tqdm", ("device",)),
+    "PIL": ("pillow", ("device",)),
+    "sklearn": ("scikit-learn", ("evolution",)),
+    "scipy": ("scipy", ("evolution",)),
+    "torchvision": ("torchvision", ("server",)),
+    "matplotlib": ("matplotlib", ("server",)),
+    "flwr": ("flwr", ("flower",)),
+}
+
+
+def missing_extra(err: BaseException) -> str | None:
+    """One line for a third-party package this install lacks (what is missing, the extra to install), or
+    None when ``err`` is not that (a missing module of the toolkit itself is a bug, not an install)."""
+    if not isinstance(err, ModuleNotFoundError) or not err.name:
+        return None
+    module = err.name.split(".")[0]
+    if module not in MODULE_EXTRAS:
+        return None
+    dist, extras = MODULE_EXTRAS[module]
+    if not extras:
+        fix = "reinstall oneshot-fl-edge (it is a core dependency)"
+    else:
+        fix = f"pip install 'oneshot-fl-edge[{extras[0]}]' ([server] brings every extra but dev)"
+    return f"this command needs {dist} (module {module!r}), which this install does not have; fix: {fix}"
+
+
 def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     """Parse, dispatch to ``args.func``, print its :class:`Output` in ``--format``, and turn every error
     into one stderr line and an exit code (see the module docstring); ``--debug`` re-raises instead so
@@ -148,6 +191,10 @@ def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | N
     except Exception as err:  # a bug: one line that says how to see more, never a bare traceback
         if args.debug:
             raise
+        missing = missing_extra(err)
+        if missing is not None:
+            print(f"{prog}: error: {missing}", file=sys.stderr)
+            return EXIT_RUNTIME
         detail = f"{type(err).__name__}: {one_line(err)}"
         print(f"{prog}: internal error: {detail}; rerun with --debug for the traceback", file=sys.stderr)
         return EXIT_RUNTIME

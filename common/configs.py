@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -23,6 +22,7 @@ from typing import Any, TypeVar
 import yaml
 from jsonargparse import get_loader
 
+from common import toml
 from common.errors import ConfigError
 
 __all__ = ["Builder", "config_from_dict", "read_config_file"]
@@ -112,7 +112,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {str(path)!r}: {err}; fix: check the path") from err
     try:
         if path.suffix.lower() == ".toml":
-            data: Any = tomllib.loads(text)
+            data: Any = toml.loads(text)
         elif path.suffix.lower() == ".json":
             data = json.loads(text)
         elif path.suffix.lower() in (".yaml", ".yml"):
@@ -122,7 +122,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
                 f"config file must end in .toml, .yaml, .yml or .json, got {str(path)!r}; fix: rename it "
                 "or point at a run's results.json"
             )
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
+    except (toml.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
         raise ConfigError(f"config file {str(path)!r} does not parse: {err}") from err
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         data = data["config"]

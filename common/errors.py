@@ -44,3 +44,7 @@ class BundleError(ToolkitError, ValueError):
 
 class TeacherError(ToolkitError, ValueError):
     """A teacher model cannot be loaded or converted into a differentiable module."""
+
+
+class ResourceError(ToolkitError, RuntimeError):
+    """The device cannot host the toolkit itself: its memory is below what the process needs to run."""

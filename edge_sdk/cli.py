@@ -208,11 +208,16 @@ def cmd_export(args: argparse.Namespace) -> Output:
 
 
 def cmd_run(args: argparse.Namespace) -> Output:
-    from edge_sdk.client import ClientConfig, run_client
+    from edge_sdk.footprint import check_hosts
     from profiles import load_profile
 
-    data = load_data(args)
+    profile = load_profile(args.profile)
     table = given_table(args, args.flags)
+    if not args.emulate:  # before torch: a device that cannot host it hears so at once
+        check_hosts(profile, table.get("role", "auto"))
+    from edge_sdk.client import ClientConfig, run_client
+
+    data = load_data(args)
     chosen = table.pop("search", {})
     search = search_config(args, chosen)
     if table.get("init") is not None and args.strategy is None and "fixed_arch" not in chosen:
@@ -226,7 +231,7 @@ def cmd_run(args: argparse.Namespace) -> Output:
         search = replace_search_config(search, strategy="fixed", fixed_arch=weights.arch)
     table |= {"search": search, "cvae": cvae_config(args, table.pop("cvae", {})), "progress": not args.quiet}
     config = config_from_dict(ClientConfig, table, what="edge-sdk run options")
-    result = run_client(data, profile=load_profile(args.profile), config=config, out=args.out)
+    result = run_client(data, profile=profile, config=config, out=args.out, hosted=not args.emulate)
     m = result.metrics
     data = {
         "arch": result.arch,
@@ -403,6 +408,13 @@ def build_parser() -> argparse.ArgumentParser:
             p, ClientConfig, flatten=("search",), skip=("progress",), families={"search": search_classes()}
         )
         p.set_defaults(flags=flags)
+        p.add_argument(
+            "--emulate",
+            action="store_true",
+            help="this machine stands in for the profile's device (testing, simulation): the toolkit's own "
+            "memory is not held to the profile's memory_mb (without it, a device too small to run "
+            "`edge-sdk run` is refused and auto steps down to a role that fits)",
+        )
 
     command(
         "run", cmd_run, "search -> train -> export -> bundle in one call (or train a CVAE: --role)", build_run

@@ -233,18 +233,28 @@ def run_client(
     config: ClientConfig,
     out: str | Path,
     clock: Clock = time.perf_counter,
+    hosted: bool = False,
 ) -> ClientResult:
     """The device pipeline for the resolved role, as `edge-sdk run`. Writes `out` and `out`.report.json
     (and, for ``both``, the decoder bundle at :func:`decoder_bundle_path`). The time budget (module
     docstring) runs on ``clock`` (a test passes a fake one), as do the search's and training's
-    ``seconds``."""
+    ``seconds``. ``hosted``: this process is the profile's device, so the role must fit its memory too
+    (:func:`edge_sdk.roles.resolve_role`)."""
     out = Path(out)
     budgeted = profile  # the budgets the search screens under: the profile's, time_budget_s overridden
     if config.time_budget_s is not None:
         budgeted = dataclasses.replace(profile, time_budget_s=float(config.time_budget_s))
     deadline = Deadline.after(budgeted.time_budget_s, clock)
     train_split, val_split = split_train_val(data, val_fraction=config.val_fraction, seed=config.seed)
-    role = resolve_role(config.role, profile, data.input_shape, data.num_classes, config.search, config.cvae)
+    role = resolve_role(
+        config.role,
+        profile,
+        data.input_shape,
+        data.num_classes,
+        config.search,
+        config.cvae,
+        hosted=hosted,
+    )
     report_path = out.with_name(out.name + ".report.json")
     seconds: dict[str, float] = {}
     report: dict[str, Any] = {"role": role, "profile": profile.name} | resume_key(config, data, profile)

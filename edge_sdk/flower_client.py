@@ -26,7 +26,6 @@ import dataclasses
 import functools
 import json
 import tempfile
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from common import toml
 from common.checks import check_int
 from common.configs import config_from_dict
 from common.errors import BundleError, ConfigError, DataError
@@ -188,8 +188,8 @@ class FlowerTask:
         try:
             settings = json.loads(_text(task, "client-config", source) or "")
             partition = json.loads(_text(task, "partition", source) or "")
-            profile_data = tomllib.loads(_text(task, "profile", source) or "")
-        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
+            profile_data = toml.loads(_text(task, "profile", source) or "")
+        except (json.JSONDecodeError, toml.TOMLDecodeError) as err:
             raise BundleError(f"{source}: a task field is not valid JSON / TOML: {err}") from err
         client = config_from_dict(
             ClientConfig, settings, what="client-config", builders={"search": search_config_from_dict}

@@ -1,5 +1,7 @@
 """Which role a device takes (FedMHO): ``classifier``, ``cvae`` or ``both``, from the profile's hint and
-whether the smallest classifier the configured search could return, or the CVAE, fits its budget."""
+whether the smallest classifier the configured search could return, or the CVAE, fits its budget; on a
+device that runs the pipeline itself, also whether the toolkit's own memory in that role fits
+(:mod:`edge_sdk.footprint`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from edge_sdk.arch import ArchSpec, build_model, parse_arch, with_num_classes
 from edge_sdk.chain import ChainSpec, Conv, Dense, Pool
 from edge_sdk.cvae import CVAEConfig, build_cvae, profile_cvae
 from edge_sdk.elastic import smallest
+from edge_sdk.footprint import host_role
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.spaces.chain import CHANNELS, DEFAULT_MAX_DEPTH, KERNELS
 from edge_sdk.strategies.base import SearchConfig
@@ -88,14 +91,29 @@ def resolve_role(
     num_classes: int,
     search: SearchConfig,
     cvae: CVAEConfig | None = None,
+    *,
+    hosted: bool = False,
 ) -> str:
     """``classifier``, ``cvae`` or ``both``: an explicit role as given; ``auto`` -> ``cvae`` when the
     profile's role hint is cvae or the smallest classifier does not fit its budget, else ``both`` when
-    the CVAE of ``cvae`` (default: :class:`CVAEConfig`) fits too, else ``classifier``."""
+    the CVAE of ``cvae`` (default: :class:`CVAEConfig`) fits too, else ``classifier``.
+
+    ``hosted``: this process is the device (`edge-sdk run`), so the toolkit's own memory counts too
+    (:func:`edge_sdk.footprint.host_role`): ``auto`` steps down to a role whose runtime fits, and a role
+    that cannot fit raises ``ResourceError``. A simulation stands in for its devices and leaves it False."""
     if role not in CLIENT_ROLES:
         raise ConfigError(f"role must be one of {CLIENT_ROLES}, got {role!r}")
-    if role != "auto":
-        return role
+    resolved = role if role != "auto" else _auto_role(profile, input_shape, num_classes, search, cvae)
+    return host_role(profile, role, resolved) if hosted else resolved
+
+
+def _auto_role(
+    profile: DeviceProfile,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    search: SearchConfig,
+    cvae: CVAEConfig | None,
+) -> str:
     if profile.role == "cvae" or _classifier_fits(profile, input_shape, num_classes, search) is not None:
         return "cvae"
     if _cvae_fits(profile, input_shape, num_classes, cvae or CVAEConfig()) is None:

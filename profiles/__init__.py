@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from common import toml
 from common.errors import ProfileError
 
 __all__ = ["ROLES", "DeviceProfile", "list_profiles", "load_profile", "profile_to_toml"]
@@ -30,7 +30,8 @@ class DeviceProfile:
     Attributes:
         name: short identifier, e.g. ``"raspberry-pi-4"``.
         description: one human line.
-        memory_mb: memory the device can give to local training (MB).
+        memory_mb: memory the device can give to local training (MB); `edge-sdk run` holds the toolkit's
+            own process to it too (``edge_sdk.footprint``).
         gflops: sustained fp32 throughput (GFLOP/s) and ``gflops_source`` says where it comes from.
         max_flops: inference FLOPs per sample (2 x MACs) a model may cost.
         max_params: parameter count a model may have.
@@ -121,8 +122,8 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
             f"expected a path to a .toml file or one of {list_profiles()}"
         )
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
+        data = toml.loads(text)
+    except toml.TOMLDecodeError as err:
         raise ProfileError(f"{source}: not valid TOML ({err}); fix the file") from err
     return DeviceProfile.from_dict(data, source=source)
 

@@ -16,7 +16,7 @@ from torch import Tensor
 from common.errors import ConfigError
 from export.atomic import atomic_write_bytes
 
-__all__ = ["GRID_PADDING", "grid_png", "write_grid"]
+__all__ = ["GRID_PADDING", "grid_png", "tile", "write_grid"]
 
 GRID_PADDING = 2  # grey pixels between cells (server_kit.report finds the class rows by it)
 
@@ -29,7 +29,6 @@ def grid_png(
     x: N x C x H x W float in [0, 1] (C = 1 or 3); probs: N x L. Missing cells stay black.
     """
     from PIL import Image
-    from torchvision.utils import make_grid
 
     if x.ndim != 4 or x.shape[1] not in (1, 3):
         raise ConfigError(f"x must be N x C x H x W with C in (1, 3), got shape {tuple(x.shape)}")
@@ -46,11 +45,30 @@ def grid_png(
         cells[c * per_class : c * per_class + best.numel()] = x[best].float().clamp(0, 1)
     if scale > 1:
         cells = cells.repeat_interleave(scale, dim=2).repeat_interleave(scale, dim=3)
-    grid = make_grid(cells, nrow=per_class, padding=padding, pad_value=0.5)  # 3 x H' x W'
+    grid = tile(cells, columns=per_class, padding=padding, pad_value=0.5)  # 3 x H' x W'
     array = (grid.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()  # H' x W' x 3
     buf = io.BytesIO()
     Image.fromarray(array).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def tile(cells: Tensor, *, columns: int, padding: int, pad_value: float) -> Tensor:
+    """3 x H' x W': ``cells`` (N x C x h x w, C = 1 or 3) in rows of ``columns``, ``padding`` pixels of
+    ``pad_value`` around and between them. torchvision's ``make_grid`` for these arguments (a test holds
+    them equal), here so the server draws its grids without torchvision, which it needs only to read the
+    torchvision datasets."""
+    if cells.shape[1] == 1:
+        cells = cells.expand(-1, 3, -1, -1)  # grey -> RGB
+    n, _, h, w = cells.shape
+    if n == 1:
+        return cells[0].clone()  # make_grid returns a lone image unpadded
+    columns = min(columns, n)
+    rows = -(-n // columns)
+    grid = cells.new_full((3, rows * (h + padding) + padding, columns * (w + padding) + padding), pad_value)
+    for k in range(n):
+        top, left = (k // columns) * (h + padding) + padding, (k % columns) * (w + padding) + padding
+        grid[:, top : top + h, left : left + w] = cells[k]
+    return grid
 
 
 def write_grid(path: str | Path, x: Tensor, probs: Tensor, *, per_class: int = 8, scale: int = 2) -> Path:

@@ -20,7 +20,7 @@ import html
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -281,7 +281,7 @@ def _header(run: Run) -> str:
         ["resumed clients", results.get("resumed_clients")],
         [
             "started (UTC)",
-            datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds") if started else "",
+            datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds") if started else "",
         ],
     ]
     config_json = json.dumps(config, indent=2, sort_keys=True, default=str)

@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import time
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any, Literal, get_args
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from common import toml
 from common.checks import from_preset
 from common.configs import config_from_dict
 from common.errors import ConfigError
@@ -217,8 +217,8 @@ def assign_profiles(num_clients: int, profiles: tuple[str, ...], profile_map: Pa
     names = [profiles[k % len(profiles)] if profiles else "" for k in range(num_clients)]
     if profile_map is not None:
         try:
-            data = tomllib.loads(Path(profile_map).read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as err:
+            data = toml.loads(Path(profile_map).read_text(encoding="utf-8"))
+        except (OSError, toml.TOMLDecodeError) as err:
             raise ConfigError(f"cannot read profile map {profile_map}: {err}") from err
         unknown = sorted(set(data) - {"default", "clients"})
         if unknown:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, TypeVar
 
 from common.checks import check_int, from_preset
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import parse_arch
 
 __all__ = ["RECORD_DEFAULTS", "SHARED_PRESETS", "SearchConfig", "check_arch"]
+
+_Config = TypeVar("_Config", bound="SearchConfig")  # not typing.Self (3.11+): the source stays 3.10-clean
 
 # The presets' values of the shared fields (``fast`` = the defaults; ``paper`` = pFedZKD section 4.1.2).
 SHARED_PRESETS: dict[str, dict[str, Any]] = {
@@ -123,7 +125,7 @@ class SearchConfig:
         return {key: own.get(key, default) for key, default in RECORD_DEFAULTS.items()}
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> Self:
+    def preset(cls: type[_Config], name: str, **overrides: Any) -> _Config:
         """The named preset (``fast`` or ``paper``) of this strategy, with any field overridden by keyword."""
         presets = {key: values | cls.own_presets.get(key, {}) for key, values in SHARED_PRESETS.items()}
         return from_preset(cls, presets, name, "search", **overrides)

@@ -248,6 +248,20 @@ def test_grid_rows_follow_the_consensus_argmax():
         grid_png(x, probs[:3])
 
 
+@pytest.mark.parametrize(
+    ("n", "channels", "columns", "padding"), [(6, 1, 2, 2), (7, 3, 3, 0), (5, 1, 8, 1), (1, 1, 4, 2)]
+)
+def test_tile_draws_what_torchvision_make_grid_drew(n, channels, columns, padding):
+    make_grid = pytest.importorskip("torchvision.utils").make_grid
+
+    from server_kit.grid import tile
+
+    cells = torch.rand(n, channels, 5, 4, generator=torch.Generator().manual_seed(n))
+    want = make_grid(cells, nrow=columns, padding=padding, pad_value=0.5)
+    got = tile(cells, columns=columns, padding=padding, pad_value=0.5)
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
 def _wrong_head_bundle(tmp_path) -> str:
     """A teacher whose ONNX gives 4 logits while its manifest says 3 classes: it loads (the converter
     reproduces onnxruntime exactly) and used to abort the run in the labelling phase."""
