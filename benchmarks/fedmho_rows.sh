@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 row=$1; alpha=$2; what=${3:-all}
+temp=0.9  # the decoders' sampling temperature of simulate's fedmho preset (server_kit.simulate.FEDMHO_TEMPERATURE)
 run=runs/bench/$row; keep=benchmarks/results/$row
 mkdir -p "$keep"
 py=.venv/bin/python
@@ -28,7 +29,7 @@ fi
 variant() {  # NAME [aggregate options]
   local name=$1; shift
   .venv/bin/server-kit aggregate "$run"/clients/*.bundle --out "$run/variants/$name" --synth decoder \
-    --threads 1 --quiet --eval "$run/data/test.npz" "$@" > /dev/null
+    --threads 1 --quiet --eval "$run/data/test.npz" --decoder-temperature "$temp" "$@" > /dev/null
   cp "$run/variants/$name/report.json" "$keep/variant_$name.json"
 }
 variant fedavg --fusion-mode md --fusion-epochs 0
@@ -39,7 +40,7 @@ variant md-conditioned --fusion-mode md --fusion-teacher conditioned
 variant sd-conditioned --fusion-mode sd --fusion-teacher conditioned
 variant md-mean --fusion-mode md --fusion-teacher mean
 variant sd-mean --fusion-mode sd --fusion-teacher mean
-$py benchmarks/decoder_quality.py "$run" --out "$keep/decoder_quality.json" --threads 1 \
+$py benchmarks/decoder_quality.py "$run" --out "$keep/decoder_quality.json" --threads 1 --temperature "$temp" \
   > "$keep/decoder_quality.txt" 2>&1
 $py - "$keep" <<'EOF'
 import json, sys
