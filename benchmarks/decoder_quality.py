@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/decoder_quality.py RUN_DIR [RUN_DIR ...] --out FILE.json
         [--reference reference.onnx] [--per-class 300] [--samples 6000] [--temperature 1.0] [--threads 2]
+        [--weighting examples|federation]
 
 A reference classifier is trained on real images (the union of the run's client files, i.e. the
 training set; CNN1, 3 epochs: about 99 % on MNIST's test set) and saved to ``--reference`` (reused when
@@ -10,8 +11,9 @@ the reference calls it c. For each run:
 
 - ``per_decoder``: every decoder bundle sampled ``--per-class`` times for each class it holds (z ~ N(0, I));
 - ``server``: the server's own decoder set, as ``aggregate`` draws it (``--samples`` images allocated by
-  the decoders' label counts, the same seed), before and after FedMHO's centroid filter (R_th 0.8): the
-  samples the global model trains on.
+  the decoders' label counts, or with ``--weighting federation`` by every bundle's, as the fedmho preset
+  does; the same seed), before and after FedMHO's centroid filter (R_th 0.8): the samples the global model
+  trains on.
 
 Only evaluation touches real data here (the reference's training set and test set), never the toolkit.
 """
@@ -67,11 +69,17 @@ def _summary(per_class: list[float | None]) -> dict[str, Any]:
 
 
 def measure(
-    run: Path, reference: torch.nn.Module, *, per_class: int, samples: int, temperature: float
+    run: Path,
+    reference: torch.nn.Module,
+    *,
+    per_class: int,
+    samples: int,
+    temperature: float,
+    weighting: str = "examples",
 ) -> dict[str, Any]:
     paths = sorted(run.glob("clients/*.bundle"))
-    decoders = [(p, read_bundle(p)) for p in paths]
-    decoders = [(p, b) for p, b in decoders if b.kind == "cvae_decoder"]
+    bundles = [(p, read_bundle(p)) for p in paths]
+    decoders = [(p, b) for p, b in bundles if b.kind == "cvae_decoder"]
     if not decoders:
         raise SystemExit(f"{run}: no cvae_decoder bundles in clients/")
     classes = decoders[0][1].num_classes
@@ -91,13 +99,18 @@ def measure(
                 **_summary(recognised(reference, x, y, classes)),
             }
         )
+    federation = None
+    if weighting == "federation":  # every upload's counts, as aggregate's decoder_weighting="federation"
+        federation = [sum(col) for col in zip(*(b.label_counts for _, b in bundles), strict=True)]
     x, y = sample_decoders(
-        modules, counts, total=samples, num_classes=classes, seed=0, temperature=temperature
-    )
+        modules, counts, total=samples, num_classes=classes, seed=0, temperature=temperature,
+        weighting=weighting, class_counts=federation,
+    )  # fmt: skip
     keep = filter_by_centroid(x, y, keep=0.8)
     return {
         "run": str(run),
         "temperature": temperature,
+        "weighting": weighting,
         "per_decoder": rows,
         "server": {
             "sampled": len(y),
@@ -120,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         "--temperature", type=float, default=1.0, help="z ~ N(0, t^2 I), as --decoder-temperature"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--weighting", choices=("examples", "federation"), default="examples")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     reference = reference_classifier(args.runs[0], args.reference)
@@ -129,7 +143,12 @@ def main(argv: list[str] | None = None) -> None:
         "reference": {"arch": REFERENCE_ARCH, "file": str(args.reference), **_summary(accuracy)},
         "runs": [
             measure(
-                run, reference, per_class=args.per_class, samples=args.samples, temperature=args.temperature
+                run,
+                reference,
+                per_class=args.per_class,
+                samples=args.samples,
+                temperature=args.temperature,
+                weighting=args.weighting,
             )
             for run in args.runs
         ],

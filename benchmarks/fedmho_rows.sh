@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 row=$1; alpha=$2; what=${3:-all}
 temp=0.9  # the decoders' sampling temperature of simulate's fedmho preset (server_kit.simulate.FEDMHO_TEMPERATURE)
+weighting=federation  # the preset's split of the decoder budget over classes (AggregateConfig.decoder_weighting)
 run=runs/bench/$row; keep=benchmarks/results/$row
 mkdir -p "$keep"
 py=.venv/bin/python
@@ -29,7 +30,8 @@ fi
 variant() {  # NAME [aggregate options]
   local name=$1; shift
   .venv/bin/server-kit aggregate "$run"/clients/*.bundle --out "$run/variants/$name" --synth decoder \
-    --threads 1 --quiet --eval "$run/data/test.npz" --decoder-temperature "$temp" "$@" > /dev/null
+    --threads 1 --quiet --eval "$run/data/test.npz" --decoder-temperature "$temp" \
+    --decoder-weighting "$weighting" "$@" > /dev/null
   cp "$run/variants/$name/report.json" "$keep/variant_$name.json"
 }
 variant fedavg --fusion-mode md --fusion-epochs 0
@@ -41,6 +43,7 @@ variant sd-conditioned --fusion-mode sd --fusion-teacher conditioned
 variant md-mean --fusion-mode md --fusion-teacher mean
 variant sd-mean --fusion-mode sd --fusion-teacher mean
 $py benchmarks/decoder_quality.py "$run" --out "$keep/decoder_quality.json" --threads 1 --temperature "$temp" \
+  --weighting "$weighting" \
   > "$keep/decoder_quality.txt" 2>&1
 $py - "$keep" <<'EOF'
 import json, sys

@@ -160,6 +160,9 @@ class AggregateConfig:
     decoder_keep: float = 0.8  # R_th of the centroid filter
     # z ~ N(0, t^2 I) when the decoders are sampled (server_kit.decoders.sample_decoders); 1 = the paper
     decoder_temperature: float = 1.0
+    # how the decoder budget is split over classes (server_kit.decoders.allocate_samples): "examples" by the
+    # decoders' label counts (the paper), "federation" by every upload's (classifiers' too)
+    decoder_weighting: Literal["examples", "federation"] = "examples"
     fusion: FusionConfig | None = None
     # FedMHO: initialise by FedAvg when the classifiers share one architecture; False: by consensus
     # distillation always
@@ -228,6 +231,10 @@ class AggregateConfig:
         if not isinstance(self.decoder_keep, int | float) or not 0 < self.decoder_keep <= 1:
             raise ConfigError(f"decoder_keep must be in (0, 1], got {self.decoder_keep!r}")
         check_temperature(self.decoder_temperature)
+        if self.decoder_weighting not in ("examples", "federation"):
+            raise ConfigError(
+                f"decoder_weighting must be 'examples' or 'federation', got {self.decoder_weighting!r}"
+            )
         if self.fusion is not None and not isinstance(self.fusion, FusionConfig):
             raise ConfigError(f"fusion must be None or a FusionConfig, got {type(self.fusion).__name__}")
         if self.fusion is not None and self.synth is not None and "decoder" not in self.synth:
@@ -994,6 +1001,9 @@ def _decoder_samples(
             precision=config.precision,
         )  # fmt: skip
         counts = check.label_counts
+    federation = None
+    if config.decoder_weighting == "federation":  # every upload's counts: the classifiers' and the decoders'
+        federation = [sum(col) for col in zip(*fed.label_counts, *counts, strict=True)]
     x, y = sample_decoders(
         decoders,
         counts,
@@ -1002,6 +1012,8 @@ def _decoder_samples(
         seed=config.seed,
         device=device,
         temperature=config.decoder_temperature,
+        weighting=config.decoder_weighting,
+        class_counts=federation,
     )
     mask = filter_by_centroid(x, y, keep=config.decoder_keep)
     write_grid(out / "decoder_samples.png", x, F.one_hot(y, num_classes).float())

@@ -20,7 +20,13 @@ How the synthetic budget is split (:func:`allocate_samples`):
   Unlike the reference, a class no CVAE client holds gets no samples (the reference spreads it uniformly
   over decoders that never saw it).
 
-Both round with the largest-remainder method, so exactly ``total`` samples are drawn and a cell gets
+- ``"federation"``: each class's share of ``total`` follows the federation's label counts (``class_counts``:
+  every upload's counts, the classifiers' too), over the classes some decoder holds; within a class, the
+  decoders by their counts, as ``"examples"``. In FedMHO the global model is fused on decoder samples
+  alone, so a class held mostly by classifier devices gets almost no samples under ``"examples"`` and the
+  fusion erodes what FedAvg gave it (benchmarks/RESULTS.md, "FedMHO at the paper's numbers").
+
+All round with the largest-remainder method, so exactly ``total`` samples are drawn and a cell gets
 ``floor(quota)`` or ``floor(quota) + 1``. Labels are these quotas (not random draws), z ~ N(0, I) from a
 per-client seeded stream.
 
@@ -56,7 +62,7 @@ __all__ = [
     "sample_decoders",
 ]
 
-WEIGHTINGS = ("examples", "squared")
+WEIGHTINGS = ("examples", "squared", "federation")
 PARITY_BATCH = 8
 PARITY_SEED = 0
 _CENTROID_EPS = 1e-9  # guards floor(keep * n) against 0.29 * 100 = 28.999...
@@ -208,11 +214,21 @@ def load_decoder(
 
 
 def allocate_samples(
-    label_counts_per_client: Sequence[Sequence[int]], total: int, *, weighting: str = "examples"
+    label_counts_per_client: Sequence[Sequence[int]],
+    total: int,
+    *,
+    weighting: str = "examples",
+    class_counts: Sequence[float] | None = None,
 ) -> np.ndarray:
-    """K x L int64 sample counts summing to ``total`` (see the module docstring for the two weightings)."""
+    """K x L int64 sample counts summing to ``total`` (see the module docstring for the weightings;
+    ``class_counts``, L per-class counts of the whole federation, only and always with ``"federation"``)."""
     if weighting not in WEIGHTINGS:
         raise ConfigError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    if (class_counts is None) != (weighting != "federation"):
+        raise ConfigError(
+            f"class_counts goes with weighting 'federation' only, got weighting {weighting!r} and "
+            f"class_counts {'given' if class_counts is not None else 'absent'}"
+        )
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
         raise ConfigError(f"total must be an integer >= 1, got {total!r}")
     counts = np.asarray([list(row) for row in label_counts_per_client], dtype=np.float64)
@@ -224,6 +240,20 @@ def allocate_samples(
         raise ConfigError("label counts are all zero: no decoder has seen any class")
     if weighting == "examples":
         weights = counts / counts.sum()
+    elif weighting == "federation":
+        assert class_counts is not None
+        federation = np.asarray(list(class_counts), dtype=np.float64)
+        bad = not np.isfinite(federation).all() or (federation < 0).any()
+        if federation.shape != (counts.shape[1],) or bad:
+            raise ConfigError(
+                f"class_counts must be {counts.shape[1]} finite counts >= 0, got shape {federation.shape}"
+            )
+        held = counts.sum(axis=0) > 0  # classes some decoder can draw
+        share = np.where(held, federation, 0.0)
+        if share.sum() <= 0:
+            raise ConfigError("class_counts are zero on every class the decoders hold")
+        within = np.where(held, counts / np.where(held, counts.sum(axis=0, keepdims=True), 1.0), 0.0)
+        weights = within * (share / share.sum())
     else:
         squared = counts**2
         per_class = squared.sum(axis=0, keepdims=True)  # 1 x L
@@ -279,6 +309,7 @@ def sample_decoders(
     weighting: str = "examples",
     batch_size: int = 1024,
     temperature: float = 1.0,
+    class_counts: Sequence[float] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Decode ``total`` synthetic images: (x float32 N x C x H x W in [0, 1], y int64 N), on CPU.
 
@@ -318,7 +349,8 @@ def sample_decoders(
         raise ConfigError(
             f"decoders produce different image shapes {sorted(shapes)}; pass one task's decoders"
         )
-    cells = allocate_samples(_drawn_counts(decoders, label_counts_per_client), total, weighting=weighting)
+    drawn = _drawn_counts(decoders, label_counts_per_client)
+    cells = allocate_samples(drawn, total, weighting=weighting, class_counts=class_counts)
     dev = torch.device(device)
     xs: list[Tensor] = []
     ys: list[Tensor] = []

@@ -189,7 +189,9 @@ FEDMHO_EPOCHS = 10  # local epochs of the classifiers (the paper: 200, insensiti
 # FedMHO's decoders carry a class prior (edge_sdk.cvae.ClassPrior) and are drawn at temperature 0.9, the
 # higher of the two measured (1, 0.9) at which every class of the MNIST server sets is recognisable at
 # >= 85 % (class 8 at alpha 0.3: 79 % at 1, 88 % at 0.9); the global model moved by at most 0.17 points
-# (benchmarks/RESULTS.md, "FedMHO at the paper's numbers")
+# (benchmarks/RESULTS.md, "FedMHO at the paper's numbers"). Their budget is split over classes by every
+# upload's label counts ("federation"): the fusion trains on decoder samples alone, so a class the CVAE
+# devices hold little of would otherwise get almost none, however much of it the classifiers hold.
 FEDMHO_TEMPERATURE = 0.9
 
 
@@ -214,6 +216,7 @@ def _fedmho_fields(dataset: str) -> dict[str, Any]:
             fedavg_init=True,
             decoder_samples=12_000 if dataset.lower() == "emnist" else 6_000,
             decoder_temperature=FEDMHO_TEMPERATURE,
+            decoder_weighting="federation",
         ),
     }
 

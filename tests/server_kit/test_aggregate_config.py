@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from common.device import resolve_device
+from common.errors import ConfigError
 from edge_sdk.precision import resolve_precision
 from server_kit.adversarial import AdversarialConfig
 from server_kit.aggregate import AggregateConfig
@@ -22,7 +23,12 @@ from tests.server_kit.test_server_cli import TINY
 CONFIGS = {
     "fast": AggregateConfig(),
     "paper": AggregateConfig.preset("paper", precision="fp32"),
-    "fusion": AggregateConfig(synth=("decoder",), fusion=FusionConfig.preset("mnist", mode="sd")),
+    "fusion": AggregateConfig(
+        synth=("decoder",),
+        fusion=FusionConfig.preset("mnist", mode="sd"),
+        decoder_temperature=0.9,
+        decoder_weighting="federation",
+    ),
     "adversarial": AggregateConfig(
         adversarial=AdversarialConfig(rounds=2),
         labels=LabelConfig(rule="mean"),
@@ -30,6 +36,11 @@ CONFIGS = {
         verify_claims=True,
     ),
 }
+
+
+def test_decoder_weighting_is_one_of_two():
+    with pytest.raises(ConfigError, match="decoder_weighting must be 'examples' or 'federation'"):
+        AggregateConfig(decoder_weighting="squared")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -166,6 +166,26 @@ def test_allocate_squared_balances_classes_and_skips_unseen() -> None:
         allocate_samples([[1, 1]], 0)
 
 
+def test_allocate_federation_follows_every_uploads_counts() -> None:
+    """Class shares follow the federation's counts (classifiers' too) over the classes the decoders hold;
+    within a class, the decoders by their counts."""
+    decoders = [[6, 2, 0], [2, 0, 0]]  # class 2: no decoder holds it
+    # federation: class 0 = 8 of the decoders' + 12 of the classifiers'; class 1 = 2 + 18; class 2 = 50
+    cells = allocate_samples(decoders, 40, weighting="federation", class_counts=[20, 20, 50])
+    np.testing.assert_array_equal(cells, [[15, 20, 0], [5, 0, 0]])  # class 0: 20 split 6 : 2; class 1: 20
+    examples = allocate_samples(decoders, 40)  # the paper's: class 1 gets 2 / 10 of the budget
+    assert int(examples[:, 1].sum()) == 8 and int(cells[:, 1].sum()) == 20
+    with pytest.raises(ConfigError, match="class_counts goes with weighting 'federation'"):
+        allocate_samples(decoders, 40, weighting="federation")
+    with pytest.raises(ConfigError, match="class_counts goes with weighting 'federation'"):
+        allocate_samples(decoders, 40, class_counts=[1, 1, 1])
+    for bad in ([1, 1], [1, float("nan"), 1], [1, -1, 1]):
+        with pytest.raises(ConfigError, match="class_counts must be 3 finite counts"):
+            allocate_samples(decoders, 40, weighting="federation", class_counts=bad)
+    with pytest.raises(ConfigError, match="zero on every class the decoders hold"):
+        allocate_samples(decoders, 40, weighting="federation", class_counts=[0, 0, 5])
+
+
 class _Stamp(nn.Module):
     """A fake decoder: pixel (0, 0) = label / 10, pixel (0, 1) = client / 10, pixel (0, 2) = sigmoid(z0)."""
 

@@ -118,6 +118,11 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     server = json.loads((tmp_path / "server" / "report.json").read_text())
     assert server["init"] == "fedavg" and server["training"] == "FedMHO-md"
     assert results["global_accuracy"] > 0.5
+    # the preset's decoders: a class prior each, drawn at 0.9, the budget split by every upload's counts
+    archs = {c["arch"] for c in results["clients"] if c["kind"] == "cvae_decoder"}
+    assert archs == {"cvae-small-z20-classprior"}
+    assert server["config"]["decoder_temperature"] == 0.9
+    assert server["config"]["decoder_weighting"] == "federation"
 
     # the server side again with SD: the clients (same settings, same init file) are reused
     assert main([*args, "--fusion-mode", "sd"]) == 0
