@@ -376,16 +376,20 @@ class CVAE(nn.Module):
             or not 1 <= latent_dim <= MAX_LATENT_DIM
         ):
             raise SpecError(f"latent_dim must be an int in [1, {MAX_LATENT_DIM}], got {latent_dim!r}")
-        self.model, self.input_shape, self.class_prior = model, shape, bool(class_prior)
+        self.model, self.input_shape = model, shape
         self.num_classes, self.latent_dim = num_classes, latent_dim
         self.encoder: nn.Module
         self.decoder: Decoder
         if model == "cvae-small":
             self.encoder = _MLPEncoder(math.prod(shape), num_classes, latent_dim)
-            self.decoder = _MLPDecoder(shape, num_classes, latent_dim, self.class_prior)  # type: ignore[arg-type]
+            self.decoder = _MLPDecoder(shape, num_classes, latent_dim, bool(class_prior))  # type: ignore[arg-type]
         else:
             self.encoder = _ConvEncoder(shape, num_classes, latent_dim)  # type: ignore[arg-type]
-            self.decoder = _ConvDecoder(shape, num_classes, latent_dim, self.class_prior)  # type: ignore[arg-type]
+            self.decoder = _ConvDecoder(shape, num_classes, latent_dim, bool(class_prior))  # type: ignore[arg-type]
+
+    @property
+    def class_prior(self) -> bool:
+        return self.decoder.prior is not None
 
     @property
     def arch(self) -> str:
@@ -593,13 +597,7 @@ def train_cvae(
         raise ConfigError(f"config must be a CVAEConfig, got {type(config).__name__}")
     dev = resolve_device(device)
     with seeded(seed):
-        model = build_cvae(
-            config.model,
-            data.input_shape,
-            data.num_classes,
-            config.latent_dim,
-            class_prior=config.class_prior,
-        )
+        model = build_cvae(config.arch, data.input_shape, data.num_classes)
     model.to(dev).train()
     x = data.x.to(dev)  # N x C x H x W uint8, converted per batch
     y = F.one_hot(data.y.to(dev), data.num_classes).float()  # N x K

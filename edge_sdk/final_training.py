@@ -121,13 +121,7 @@ def train_cvae_final(
     """Check the whole CVAE against the budget (FLOPs and parameters of encoder + decoder, training
     memory), then train it and measure its loss on the validation split."""
     with seeded(seed):
-        probe = build_cvae(
-            config.model,
-            train_split.input_shape,
-            train_split.num_classes,
-            config.latent_dim,
-            class_prior=config.class_prior,
-        )
+        probe = build_cvae(config.arch, train_split.input_shape, train_split.num_classes)
     cost = profile_cvae(probe, batch_size=config.batch_size)
     problem = fits(cost.model, profile)
     if problem is not None:

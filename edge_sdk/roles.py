@@ -78,9 +78,7 @@ def _cvae_fits(
 ) -> str | None:
     """None when the whole CVAE (encoder + decoder, training memory) fits the profile, else why."""
     with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
-        probe = build_cvae(
-            config.model, input_shape, num_classes, config.latent_dim, class_prior=config.class_prior
-        )
+        probe = build_cvae(config.arch, input_shape, num_classes)
     return fits(profile_cvae(probe, batch_size=config.batch_size).model, profile)
 
 

@@ -28,20 +28,10 @@ from edge_sdk.strategies.evolution import EvolutionConfig
 from edge_sdk.strategies.pso import PSOConfig
 from export.bundle import read_bundle
 from profiles import DeviceProfile, load_profile
+from tests.common.test_timing import Ticking
 
 # budgets no candidate comes near: only the deadline stops the work
 ROOMY = DeviceProfile(name="roomy", memory_mb=4096.0, gflops=1e6, max_flops=10**9, max_params=10**8)
-
-
-class Ticking:
-    """A fake clock: every reading is one second after the previous one."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
 
 
 @pytest.fixture(scope="module")
