@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from common.checks import is_number
-from common.device import resolve_device
+from common.device import check_device, resolve_device
 from common.errors import BudgetError, ConfigError
 from common.seeding import derive_seed
 from common.timing import Clock, Deadline, timed
@@ -136,8 +136,7 @@ class ClientConfig:
                 raise ConfigError("initial weights have no 'unknown' output: drop unknown_output or init")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
-        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
-            raise ConfigError(f"device must be cpu, cuda[:N] or auto, got {self.device!r}")
+        check_device(self.device)
         if self.role not in CLIENT_ROLES:
             raise ConfigError(f"role must be one of {CLIENT_ROLES}, got {self.role!r}")
         if not isinstance(self.cvae, CVAEConfig):

@@ -403,6 +403,11 @@ def save_client_data(path: str | Path, ds: ArrayDataset) -> Path:
 def _load_npz(path: Path, num_classes: int | None) -> ArrayDataset:
     hint = "expected an .npz with x (uint8 N x C x H x W) and y (integer labels), as save_client_data writes"
     try:
+        with path.open("rb") as file:
+            magic = file.read(6)
+        # numpy reads any other bytes as a pickle and, refusing it, advises allow_pickle=True: ours says why
+        if not magic.startswith((b"PK", b"\x93NUMPY")):
+            raise DataError(f"client file {path} is not an .npz archive (it starts with {magic!r}); {hint}")
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise DataError(f"client file {path} holds a single array, not an .npz archive; {hint}")

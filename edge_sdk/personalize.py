@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.checks import check_int, check_number
-from common.device import resolve_device
+from common.device import check_device, resolve_device
 from common.errors import BundleError, ConfigError, DataError
 from common.loop import fit_terms, step
 from common.seeding import seeded
@@ -114,6 +114,7 @@ class PersonalizeConfig:
     device: str = "cpu"  # cpu, cuda or auto
 
     def __post_init__(self) -> None:
+        check_device(self.device)
         if self.method not in METHODS:
             raise ConfigError(f"method must be one of {METHODS}, got {self.method!r}")
         if isinstance(self.kdg_terms, str):

@@ -129,17 +129,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("inputs", type=Path, nargs="+", help="image files or .npy arrays of raw pixels")
     parser.add_argument("--top-k", type=int, default=3, help="how many classes to print per input")
     args = parser.parse_args(argv)
+    try:
+        return classify(args.model, args.inputs, args.top_k)
+    except Exception as err:  # onnxruntime's errors derive from Exception alone: one line, no traceback
+        print(f"{parser.prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 1
 
-    session = onnxruntime.InferenceSession(str(args.model), providers=["CPUExecutionProvider"])
+
+def classify(model: Path, inputs: list[Path], top_k: int) -> int:
+    """Print the model's input spec, then the ``top_k`` classes of every input."""
+    try:
+        session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    except Exception as err:
+        raise MetadataError(
+            f"cannot load {model} as an ONNX model ({err}); expected a classifier the toolkit exported "
+            "(deploy.onnx, global.onnx)"
+        ) from err
     names, spec = read_metadata(session)
     normalised = "by the model" if spec["normalization"] == "inside" else "here"
     print(
-        f"{args.model.name}: {len(names)} classes; input {spec['name']!r} [N, *{spec['shape']}] "
+        f"{model.name}: {len(names)} classes; input {spec['name']!r} [N, *{spec['shape']}] "
         f"{spec['dtype']} {spec['layout']}, pixels {spec['pixel_range']} -> {spec['input_range']}, "
         f"normalised {normalised} with mean {spec['mean']} std {spec['std']}"
     )
-    k = max(1, min(args.top_k, len(names)))
-    for path in args.inputs:
+    k = max(1, min(top_k, len(names)))
+    for path in inputs:
         pixels = load_pixels(path, spec)
         probabilities = softmax(
             session.run(None, {spec["name"]: prepare(pixels, spec)})[0].astype(np.float64)

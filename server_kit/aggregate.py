@@ -30,7 +30,7 @@ from torch import Tensor
 
 from common.checks import from_preset, is_number
 from common.configs import config_from_dict
-from common.device import resolve_device
+from common.device import check_device, resolve_device
 from common.errors import (
     BundleError,
     ConfigError,
@@ -182,10 +182,7 @@ class AggregateConfig:
             parse_arch(self.student)
         except (SpecError, AttributeError) as err:
             raise ConfigError(f"student must be an architecture spec, got {self.student!r}: {err}") from err
-        if not isinstance(self.device, str) or not (
-            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
-        ):
-            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check_device(self.device)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
         if isinstance(self.synth, str):
@@ -361,7 +358,6 @@ def aggregate(
     images, the global test set) is used only to report the accuracy of the written ``global.onnx``.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     previous_threads = torch.get_num_threads()
     # torch's threads: the cores free now (an intra-op barrier waits for a shared core); teachers side by
     # side: every core this process may run on (a worker on a shared core just does fewer teachers)
@@ -799,6 +795,7 @@ def _run(
                 "task"
             )
 
+    out.mkdir(parents=True, exist_ok=True)  # once the uploads are read: a bad one leaves no directory
     synthesis = synthesize(fed, config, out, progress=progress)
     seconds.update(synthesis.seconds)
     with timed(seconds, "labels"):

@@ -111,8 +111,8 @@ def cmd_evaluate(args: argparse.Namespace) -> Output:
 def simulate_config(args: argparse.Namespace) -> SimulateConfig:
     """The federation: ``--config`` (a TOML or YAML file, or a run's results.json to replay it) or
     ``--method``'s preset, with every option given on the command line over it (``--out`` over the
-    file's out_dir). The server's seed follows ``--seed``, and its precision ``--precision`` unless
-    ``--aggregate-precision`` is given."""
+    file's out_dir). The server's precision follows ``--precision`` unless ``--aggregate-precision`` is
+    given (its seed is the config's ``seed``, :class:`SimulateConfig` sees to that)."""
     from server_kit.simulate import SimulateConfig
 
     table = given_table(args, args.flags)
@@ -142,7 +142,6 @@ def simulate_config(args: argparse.Namespace) -> SimulateConfig:
     else:
         base = SimulateConfig.preset(args.method or "default", dataset=dataset, out_dir=Path(args.out))
     server = table.pop("aggregate", {})
-    server.setdefault("seed", table.get("seed", base.aggregate.seed))
     if "precision" in table:
         server.setdefault("precision", table["precision"])
     table |= {
@@ -279,7 +278,8 @@ def _build_aggregate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval", help="test .npz to report accuracy on")
     _config_file_args(p, "AggregateConfig fields (nested tables: [distill], [inversion], ...)")
     add_server_presets(p)
-    p.set_defaults(flags=add_config_args(p, AggregateConfig))
+    # distill.hard_labels is the loss's own switch, which an aggregation sets from --hard-labels
+    p.set_defaults(flags=add_config_args(p, AggregateConfig, skip=("distill.hard_labels",)))
 
 
 def _build_simulate(p: argparse.ArgumentParser) -> None:
@@ -303,7 +303,8 @@ def _build_simulate(p: argparse.ArgumentParser) -> None:
         p,
         SimulateConfig,
         flatten=("search", "aggregate"),
-        skip=("out_dir", "progress", "aggregate.seed"),  # --out; --quiet; the server's seed is --seed
+        # --out; --quiet; the server's seed is --seed; the loss's hard labels follow --hard-labels
+        skip=("out_dir", "progress", "aggregate.seed", "aggregate.distill.hard_labels"),
         families={"search": search_classes()},
     )
     p.set_defaults(flags=flags)

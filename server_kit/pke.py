@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from common.checks import check_number
-from common.device import resolve_device
+from common.device import check_device, resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import fit_terms
 from common.seeding import seeded
@@ -58,6 +58,7 @@ class PKEConfig:
     device: str = "cpu"  # cpu or cuda
 
     def __post_init__(self) -> None:
+        check_device(self.device)
         for name in ("epochs", "batch_size", "max_inputs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -41,6 +41,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from common import toml
 from common.checks import from_preset
 from common.configs import config_from_dict
+from common.device import check_device
 from common.errors import ConfigError
 from common.timing import timed
 from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
@@ -101,7 +102,7 @@ class SimulateConfig:
     data_root: str | None = None  # torchvision-layout dataset root (not needed for digits)
     num_clients: int = 10  # clients in the federation
     alpha: float = 0.5  # Dirichlet concentration of the label skew
-    seed: int = 0  # seed of the partition, the clients (seed + k) and the server
+    seed: int = 0  # seed of the partition, the clients (seed + k) and the server (its aggregate seed)
     out_dir: Path
     profiles: tuple[str, ...] = ("laptop-cpu",)  # device profiles, assigned round-robin
     profile_map: Path | None = None  # TOML: default = 'name' and [clients] index = 'name'
@@ -131,6 +132,19 @@ class SimulateConfig:
     def __post_init__(self) -> None:
         if self.num_clients < 1:
             raise ConfigError(f"num_clients must be >= 1, got {self.num_clients}")
+        # the dataset and the split are checked here, not after seconds of partitioning
+        partition_settings(
+            self.dataset,
+            num_clients=self.num_clients,
+            alpha=self.alpha,
+            seed=self.seed,
+            min_size=self.min_size,
+        )
+        check_device(self.device)
+        if not isinstance(self.aggregate, AggregateConfig):
+            raise ConfigError(f"aggregate must be an AggregateConfig, got {type(self.aggregate).__name__}")
+        if self.aggregate.seed != self.seed:  # one seed: the server's is the federation's
+            object.__setattr__(self, "aggregate", dataclasses.replace(self.aggregate, seed=self.seed))
         if self.resume not in RESUME_MODES:
             raise ConfigError(
                 f"resume must be one of {RESUME_MODES}, got {self.resume!r}; auto reuses what matches"
@@ -178,7 +192,15 @@ class SimulateConfig:
         table of a TOML file a person wrote: keys are the fields, nested tables the nested configs
         (``[search]`` with its ``strategy``, ``[cvae]``, ``[aggregate]``, ``[aggregate.distill]``, ...);
         a key left out keeps its default, an unknown one is refused with the valid ones. What it
-        replays is what was asked: ``precision = "auto"`` resolves again on the machine that replays."""
+        replays is what was asked: ``precision = "auto"`` resolves again on the machine that replays.
+        The server's seed is ``seed``: a table whose ``[aggregate]`` names another is refused."""
+        server = data.get("aggregate")
+        if isinstance(server, Mapping) and "seed" in server and server["seed"] != data.get("seed", 0):
+            raise ConfigError(
+                f"aggregate.seed is the federation's seed, got seed {data.get('seed', 0)!r} and "
+                f"aggregate.seed {server['seed']!r}; fix: drop aggregate.seed (seed seeds the partition, "
+                "the clients and the server)"
+            )
         return config_from_dict(cls, data, what="config", builders={"search": search_config_from_dict})
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from common.device import resolve_device
+from common.device import check_device, resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import step
 from common.seeding import seeded
@@ -48,6 +48,7 @@ class SupernetConfig:
     device: str = "cpu"  # cpu or cuda
 
     def __post_init__(self) -> None:
+        check_device(self.device)
         for name, low in (("steps", 1), ("batch_size", 2), ("random_subnets", 0), ("seed", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.device import resolve_device
+from common.device import check_device, resolve_device
 from common.errors import ConfigError
 
 
@@ -26,3 +26,19 @@ def test_cuda_is_refused_where_there_is_none(monkeypatch: pytest.MonkeyPatch, na
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="CUDA is not available; use device cpu or auto"):
         resolve_device(name)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:x", "", None, 0, "mps"])
+def test_check_device_refuses_what_is_no_device_name(name: object) -> None:
+    with pytest.raises(ConfigError, match="device must be cpu, cuda, cuda:N or auto"):
+        check_device(name)
+
+
+def test_check_device_refuses_cuda_where_there_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert check_device("auto") == "auto" and check_device("cpu") == "cpu"
+    for name in ("cuda", "cuda:0"):
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            check_device(name)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert check_device("cuda:1") == "cuda:1"

@@ -119,3 +119,21 @@ def test_the_example_refuses_a_model_without_the_schema(tmp_path: Path, digits_m
         timeout=120,
     )
     assert done.returncode != 0 and "expected deploy_schema '1'" in done.stderr
+
+
+def test_the_example_refuses_a_file_that_is_no_model_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf")
+    np.save(tmp_path / "one.npy", np.zeros((8, 8), dtype=np.uint8))
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), str(bad), str(tmp_path / "one.npy")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onnx_inference.py: error: cannot load"), done.stderr

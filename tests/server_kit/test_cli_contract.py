@@ -71,19 +71,42 @@ def _error_cases(tmp: Path, data: Path) -> list[tuple[str, object, list[str], in
          "--fusion-lam", "0.3"], 2, "--fusion-lam configure FedMHO's fusion"),
         ("fusion preset without fusion", server_main, ["simulate", "--dataset", "digits", "--out",
          str(tmp / "g"), "--fusion-preset", "mnist"], 2, "--fusion-preset"),
+        # #33: every bad input below is refused before anything is written, where it was late or never
+        ("unknown dataset", server_main, ["simulate", "--dataset", "nosuch", "--out", str(tmp / "h"),
+         "--print-config"], 2, "unknown dataset 'nosuch'"),
+        ("no GPU (print-config)", server_main, ["simulate", "--dataset", "digits", "--out", str(tmp / "i"),
+         "--device", "cuda", "--print-config"], 2, "CUDA is not available"),
+        ("no GPU (simulate)", server_main, ["simulate", "--dataset", "digits", "--out", str(tmp / "j"),
+         "--device", "cuda"], 2, "CUDA is not available"),
+        ("no GPU (server)", server_main, ["simulate", "--dataset", "digits", "--out", str(tmp / "k"),
+         "--aggregate-device", "cuda:0"], 2, "CUDA is not available"),
+        ("no GPU (aggregate)", server_main, ["aggregate", str(corrupt), "--out", str(tmp / "l"),
+         "--device", "cuda", "--print-config"], 2, "CUDA is not available"),
+        ("no GPU (device)", edge_main, [*run, "--device", "cuda"], 2, "CUDA is not available"),
+        ("missing bundle", server_main, ["aggregate", str(tmp / "no.bundle"), "--out", str(tmp / "m")], 1,
+         "cannot read bundle"),
+        ("hard labels of the loss alone", server_main, ["aggregate", str(corrupt), "--out", str(tmp / "n"),
+         "--distill-hard-labels"], 2, "unrecognized arguments: --distill-hard-labels"),
+        ("data not an npz", edge_main, ["run", "--data", str(corrupt), "--profile", "laptop-cpu", "--out",
+         str(tmp / "o" / "c.bundle")], 1, "is not an .npz archive"),
     ]
     # fmt: on
 
 
-def test_every_error_is_one_line_with_its_exit_code(capsys, tmp_path, data):
+def test_every_error_is_one_line_with_its_exit_code(capsys, monkeypatch, tmp_path, data):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine has no GPU, whatever it has
     for name, main, argv, code, match in _error_cases(tmp_path, data):
         assert _run(main, argv) == code, name
-        err = capsys.readouterr().err
+        captured = capsys.readouterr()
+        err = captured.err
         assert len(err.strip().splitlines()) == 1, (name, err)
         assert "Traceback" not in err and match in err, (name, err)
         assert ": error: " in err, (name, err)
-    # no command wrote a file (aggregate leaves its empty --out directory)
-    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["corrupt.bundle"]
+        assert captured.out == "", (name, captured.out)  # --print-config printed nothing either
+    # no command wrote a file or made a directory
+    assert [p.name for p in tmp_path.rglob("*")] == ["corrupt.bundle"]
 
 
 def test_an_unexpected_exception_is_one_line_and_debug_shows_it(capsys, monkeypatch, data):

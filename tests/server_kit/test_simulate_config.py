@@ -109,6 +109,18 @@ def test_without_a_file_the_flags_keep_their_old_defaults(tmp_path, capsys):
     )
 
 
+def test_the_config_seeds_the_server_as_the_cli_does(tmp_path, capsys):
+    """#33: SimulateConfig(seed=3) left the server at seed 0 (only the CLI copied --seed into it)."""
+    api = SimulateConfig(dataset="digits", out_dir=tmp_path / "o", seed=3)
+    assert api.aggregate.seed == 3 and replace(api, seed=4).aggregate.seed == 4
+    cli = _printed(capsys, ["simulate", "--dataset", "digits", "--out", str(tmp_path / "o"), "--seed", "3"])
+    assert cli == json.loads(json.dumps(api.to_dict()))
+    toml = _write(tmp_path / "run.toml", 'dataset = "digits"\nseed = 3\n')  # a file's seed, no --seed
+    assert _printed(capsys, ["simulate", "--config", str(toml), "--out", str(tmp_path / "o")]) == cli
+    with pytest.raises(ConfigError, match=r"aggregate\.seed is the federation's seed, got seed 3 and "):
+        SimulateConfig.from_dict({"dataset": "digits", "out_dir": "o", "seed": 3, "aggregate": {"seed": 4}})
+
+
 @pytest.mark.parametrize(
     ("text", "extra", "message"),
     [
