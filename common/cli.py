@@ -34,6 +34,7 @@ __all__ = [
     "Output",
     "cli_main",
     "configure_logging",
+    "expert",
     "json_text",
     "missing_extra",
     "one_line",
@@ -203,6 +204,25 @@ def cli_main(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | N
     return 0
 
 
+def expert(action: argparse.Action) -> argparse.Action:
+    """Marks an option as one for experts: ``--help-all`` lists it, ``--help`` does not (a command
+    generated from its configs has a hundred options, which buried the ten most people need)."""
+    action.expert = True  # type: ignore[attr-defined]  # read by _Parser.format_help
+    return action
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: the help with the expert options too."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        assert isinstance(parser, _Parser)
+        parser.print_help(every=True)
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors in one line that points at ``--help``: `server-kit aggregate`'s usage alone is 30+
     lines, which buried "the following arguments are required: bundles" at the bottom.
@@ -231,8 +251,25 @@ class _Parser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         return super(_Parser, self.complete()).parse_known_args(args, namespace)
 
-    def format_help(self) -> str:
-        return super(_Parser, self.complete()).format_help()
+    def format_help(self, every: bool = False) -> str:
+        """The help; options marked :func:`expert` only when ``every`` (``--help-all``)."""
+        self.complete()
+        hidden = [] if every else [a for a in self._actions if getattr(a, "expert", False)]
+        shown = [(action, action.help) for action in hidden]
+        epilog = self.epilog
+        if hidden:
+            self.epilog = f"--help-all also lists {len(hidden)} options for experts."
+        for action in hidden:
+            action.help = argparse.SUPPRESS
+        try:
+            return super().format_help()
+        finally:
+            self.epilog = epilog
+            for action, text in shown:
+                action.help = text
+
+    def print_help(self, file: Any = None, every: bool = False) -> None:
+        self._print_message(self.format_help(every), sys.stdout if file is None else file)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see {self.prog} --help\n")
@@ -292,6 +329,7 @@ def _add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
     def default(value: Any) -> Any:
         return value if top else argparse.SUPPRESS
 
+    parser.add_argument("--help-all", action=_HelpAll, help="show every option, the expert ones too")
     parser.add_argument(
         "--debug", action="store_true", default=default(False), help="show the full traceback on errors"
     )

@@ -34,6 +34,7 @@ from typing import Any
 
 from jsonargparse._parameter_resolvers import get_signature_parameters
 
+from common.cli import expert
 from common.errors import ConfigError
 
 __all__ = ["NONE", "Flag", "add_config_args", "config_flags", "given_options", "given_table"]
@@ -212,7 +213,7 @@ def config_flags(
                 if key in families or _is_config(hint):
                     members = tuple(families.get(key, (hint,)))
                     inner = prefix if key in flatten else (*prefix, name)
-                    note = off_note or (f"when {key} is set" if default is None else "")
+                    note = off_note or (f"when {name} is set" if default is None else "")
                     value = None if default is dataclasses.MISSING else default
                     queue.append((here, inner, members, value, note))
                     continue
@@ -301,28 +302,36 @@ def add_config_args(
     flatten: Collection[str] = (),
     skip: Collection[str] = (),
     families: Mapping[str, Sequence[type]] | None = None,
+    groups: Mapping[str, Any] | None = None,
+    common: Collection[str] | None = None,
 ) -> tuple[Flag, ...]:
-    """Adds one option per field (see :func:`config_flags`) to ``parser``, a group per nested config;
-    returns the flags, which :func:`given_table` reads back."""
+    """Adds one option per field (see :func:`config_flags`) to ``parser``; returns the flags, which
+    :func:`given_table` reads back.
+
+    ``groups``: the argument group of each nested config (its dotted path, "" for the command's own
+    fields), so a command orders its options by phase; a config not named gets a group of its own.
+    ``common``: the fields (dotted paths) ``--help`` lists; the others are for experts, listed by
+    ``--help-all`` (:func:`common.cli.expert`). None: every field is listed.
+    """
     flags = config_flags(classes, flatten=flatten, skip=skip, families=families)
-    groups: dict[str, Any] = {}
+    if common is not None:
+        unknown = sorted(set(common) - {".".join(flag.path) for flag in flags})
+        if unknown:
+            raise ConfigError(f"common options must name fields that have a flag, got {unknown}")
+    targets: dict[str, Any] = dict(groups or {})
     for flag in flags:
-        if flag.group not in groups:
-            groups[flag.group] = parser.add_argument_group(f"{flag.group} options") if flag.group else parser
-        target = groups[flag.group]
+        if flag.group not in targets:
+            targets[flag.group] = parser.add_argument_group(f"{flag.group} options") if flag.group else parser
         if flag.hint is bool:
-            target.add_argument(
-                flag.option,
-                dest=flag.dest,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=_help(flag),
-            )
-            continue
-        convert, metavar = _parser_of(flag)
-        target.add_argument(
-            flag.option, dest=flag.dest, type=convert, metavar=metavar, default=None, help=_help(flag)
+            kind: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
+        else:
+            convert, metavar = _parser_of(flag)
+            kind = {"type": convert, "metavar": metavar}
+        action = targets[flag.group].add_argument(
+            flag.option, dest=flag.dest, default=None, help=_help(flag), **kind
         )
+        if common is not None and ".".join(flag.path) not in common:
+            expert(action)
     return flags
 
 

@@ -75,6 +75,12 @@ def load_data(args: argparse.Namespace):  # -> ArrayDataset
     return load_client_data(args.data, num_classes=getattr(args, "num_classes", None))
 
 
+# the options --help lists (the others are for experts: --help-all): of `search` (the search configs' fields)
+# and of `run` (ClientConfig's, its search's and its CVAE's)
+SEARCH_COMMON = ("epochs", "final_epochs")
+RUN_COMMON = ("seed", "device", "role", "precision", "init", "search.final_epochs", "cvae.epochs")
+
+
 # --- subcommands -------------------------------------------------------------------------------------
 
 
@@ -362,8 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
         training_args(p)
         p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
         p.add_argument("--out", required=True, type=out_file, help="search result JSON")
-        add_search_selectors(p)
-        p.set_defaults(flags=add_config_args(p, search_classes()))
+        group = p.add_argument_group("architecture search")
+        add_search_selectors(group)
+        flags = add_config_args(p, search_classes(), groups={"": group}, common=SEARCH_COMMON)
+        p.set_defaults(flags=flags)
 
     command(
         "search", cmd_search, "architecture search under the device budget (writes search JSON)", build_search
@@ -402,12 +410,6 @@ def build_parser() -> argparse.ArgumentParser:
         data_args(p)
         p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
         p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
-        add_search_selectors(p)
-        add_cvae_preset(p)
-        flags = add_config_args(
-            p, ClientConfig, flatten=("search",), skip=("progress",), families={"search": search_classes()}
-        )
-        p.set_defaults(flags=flags)
         p.add_argument(
             "--emulate",
             action="store_true",
@@ -415,6 +417,23 @@ def build_parser() -> argparse.ArgumentParser:
             "memory is not held to the profile's memory_mb (without it, a device too small to run "
             "`edge-sdk run` is refused and auto steps down to a role that fits)",
         )
+        groups = {
+            "": p.add_argument_group("device"),
+            "search": p.add_argument_group("architecture search"),
+            "cvae": p.add_argument_group("CVAE (devices too small for a classifier)"),
+        }
+        add_search_selectors(groups["search"])
+        add_cvae_preset(groups["cvae"])
+        flags = add_config_args(
+            p,
+            ClientConfig,
+            flatten=("search",),
+            skip=("progress",),
+            families={"search": search_classes()},
+            groups=groups,
+            common=RUN_COMMON,
+        )
+        p.set_defaults(flags=flags)
 
     command(
         "run", cmd_run, "search -> train -> export -> bundle in one call (or train a CVAE: --role)", build_run

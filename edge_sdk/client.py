@@ -12,9 +12,8 @@ conditional VAE (:mod:`edge_sdk.cvae`) and uploads only its decoder as a ``cvae_
 default) follows the profile's role hint, picks ``cvae`` when the budget cannot fit the smallest classifier
 the configured search could return (:func:`edge_sdk.roles.smallest_classifier`), since the search would then
 fail anyway, and otherwise ``both`` when the CVAE fits the budget too: decoder samples carry the class they
-were made for, which is what lets the server learn a class that few clients hold (MNIST, Dirichlet 0.1: 94 %
-global with the decoders against 77 % from the classifiers alone; benchmarks/RESULTS.md, "Label skew"), for a
-CVAE that trains in seconds. ``classifier`` uploads the classifier only.
+were made for, which is what lets the server learn a class that few clients hold (benchmarks/RESULTS.md,
+"Label skew"), for a CVAE that trains in seconds. ``classifier`` uploads the classifier only.
 
 The report beside the bundle records the run's :func:`resume_key` (the settings of the role, the content
 hash of the data, the device's budgets, the code version): `server-kit simulate` reuses a finished client
@@ -86,20 +85,22 @@ class ClientConfig:
     """
 
     search: SearchConfig = field(default_factory=PSOConfig)
-    val_fraction: float = 0.2
-    seed: int = 0
-    device: str = "cpu"
+    val_fraction: float = 0.2  # share of the data held out for local validation
+    seed: int = 0  # seed of the split, the search and the training
+    device: str = "cpu"  # where the device trains: cpu, cuda, cuda:N or auto (CUDA when present)
     progress: bool = False
+    # what the device trains: a classifier, a CVAE (its decoder is uploaded), both, or auto: what the
+    # profile's role hint and its budget allow
     role: ClientRole = "auto"
     cvae: CVAEConfig = field(default_factory=CVAEConfig)
     # the classifier gets an extra "unknown" output trained on corrupted local images (FedOV), so the
-    # server can weigh it by how sure it is that a sample is one of its classes (server_kit.abstain)
+    # server can weigh it by how sure it is that a sample is one of its classes
     unknown_output: bool = False
-    # auto, fp32 or bf16 (edge_sdk.precision): the search's candidates and the final training run their
-    # forward passes in bfloat16 where the hardware has it; reported accuracies are measured in float32
+    # auto, fp32 or bf16: the search's candidates and the final training run their forward passes in
+    # bfloat16 where the hardware has it (auto) or as given; reported accuracies are measured in float32
     precision: Precision = "auto"
-    # the server's shared initial weights (`server-kit init`, edge_sdk.shared_init): the classifier trains
-    # their architecture from them instead of searching one, so the uploads can be averaged (FedAvg)
+    # the server's shared initial weights (from server-kit init): the classifier trains their
+    # architecture from them instead of searching one, so the uploads can be averaged (FedAvg)
     init: str | None = None
     # seconds the device may spend on the classifier's search and final training, over the profile's
     # time_budget_s (None: the profile's); the search's screen holds candidates to it too

@@ -86,10 +86,9 @@ _ARCH_RE = re.compile(r"^(cvae-small|cvae-large)-z([1-9][0-9]*)(-classprior)?$")
 # and local epochs of MNIST (5e-2, 30), Fashion (5e-2, 40), SVHN (1e-3, 40), EMNIST (3e-3, 50). cifar10 is
 # not in the paper: its values (1e-3, 30) come from the reference code. latent_dim 2 is the reference's
 # default (its README runs use 20). One change: MNIST and Fashion train at 3e-3 (the paper's EMNIST rate),
-# not 5e-2. At 5e-2 Adam collapses the posterior of our cvae-small (validation KL 0.05-5 nats against ~20
-# at 1e-3 / 3e-3; every sample near its class prototype): on MNIST alpha 0.5 the FedMHO-MD global model
-# was 82.0 % with 5e-2 decoders, 91.2 % with 3e-3 ones, and a classifier trained from scratch on their
-# samples 70 % against 91 % (benchmarks/RESULTS.md, "FedMHO at the paper's numbers").
+# not 5e-2. At 5e-2 Adam collapses the posterior of our cvae-small (a validation KL near zero; every
+# sample near its class prototype), and the FedMHO-MD global model trained on such samples is far worse
+# (benchmarks/RESULTS.md, "FedMHO at the paper's numbers").
 _PRESETS: dict[str, dict[str, Any]] = {
     "fast": {},
     "mnist": {"epochs": 30, "lr": 3e-3, "batch_size": 64},
@@ -103,28 +102,24 @@ _PRESETS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True, kw_only=True)
 class CVAEConfig:
     """Local CVAE training. The defaults are the ``fast`` preset (seconds on a CPU for a small split): our
-    choice, not the paper's; lr 3e-3 (the paper's EMNIST rate) trained cvae-small on scikit-learn digits to
-    a lower validation loss in 10 epochs than 1e-3 or 5e-2 (where the KL term collapses to ~0). z = 20 is
-    the reference's README setting, and with 20 epochs its decoders, uploaded beside each classifier, gave
-    the MNIST alpha-0.1 server 92.9 % (z = 16: 93.8 %; benchmarks/RESULTS.md, "Label skew").
+    choice, not the paper's: lr 3e-3 (the paper's EMNIST rate; a lower one trained cvae-small on digits
+    to a worse validation loss, a higher one collapsed the KL term) and z = 20 (the reference's README
+    setting); benchmarks/RESULTS.md ("Label skew") records what they gave the server.
 
     Attributes:
-        model: one of :data:`MODELS`.
-        latent_dim: size of z.
+        model: the CVAE's architecture.
+        latent_dim: size of the latent code z.
         epochs: passes over the training split.
         lr: Adam learning rate.
         batch_size: images per step.
-        kl_weight: beta of the training loss recon + beta * KL (1 = the paper's ELBO). Above 1, z carries
+        kl_weight: beta of the training loss recon + beta * KL (1: the paper's ELBO). Above 1, z carries
             less of each image and the decoder leans on the label; validation reports the ELBO either way.
         class_prior: after training, fit each class's latent distribution (a full-covariance Gaussian of
-            the aggregate posterior of its training images, :func:`fit_class_prior`) into the decoder, so
-            the server's z ~ N(0, I) is mapped to where the encoder put that class. Without it the decoder
-            is sampled from the ELBO's N(0, I) prior, which the encoder does not match class by class: with
-            z = 20 the latent carries the digit and a class drawn from N(0, I) comes out as another one
-            (benchmarks/RESULTS.md, "Decoder recognisability per class"). The arch string then ends in
-            ``-classprior``. On in the ``fedmho`` preset of ``simulate``, where decoder samples are all the
-            global model trains on; off by default, where they are one source among three (with it, the
-            digits demo went from 94.2 % to 92.9 %).
+            where the encoder put its training images) into the decoder, so the server's z ~ N(0, I) is
+            mapped to that class's region; without it a class drawn from N(0, I) can come out as another
+            one. The architecture's name then ends in -classprior. On in simulate's fedmho method, where
+            decoder samples are all the global model trains on; off by default, where they are one
+            source among three.
     """
 
     model: CVAEModel = "cvae-small"

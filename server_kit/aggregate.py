@@ -88,8 +88,8 @@ __all__ = [
 DEFAULT_STUDENT = "C32k3-P-C64k3-P-F128-F10"
 
 _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
-    # 10 epochs: on MNIST the same uploads gave 95.47 / 97.45 % (alpha 0.1 / 0.5) against 95.45 / 97.39 %
-    # with 20, for half the time (benchmarks/RESULTS.md, "Speed")
+    # 10 epochs: on MNIST 20 gave the same uploads no better a student, for twice the time
+    # (benchmarks/RESULTS.md, "Speed")
     "fast": dict(epochs=10, batch_size=64, lr=1e-3, tau=4.0),
     # The paper fixes tau = 4 and (client side) Adam 1e-3, batch 64; E_distill is not given: 50 epochs.
     "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0),
@@ -126,42 +126,41 @@ class AggregateConfig:
     trained on the filtered decoder samples with the FedMHO loss of ``fusion.mode`` (ce, md or sd).
     """
 
-    student: str = DEFAULT_STUDENT  # student architecture spec (any edge-sdk spec)
+    student: str = DEFAULT_STUDENT  # the global model's architecture (an edge-sdk architecture spec)
     device: str = "auto"  # the server's device: auto (CUDA when present), cpu, cuda or cuda:N
     seed: int = 0  # seed of the server's synthesis and training
     inversion: InversionConfig = field(default_factory=_fast_inversion)
     distill: DistillConfig = field(default_factory=_fast_distill)
-    # pooled synthesis sources, any of SYNTH_SOURCES; None: inversion + generator, and the decoders
-    # whenever cvae_decoder bundles are among the inputs (see :meth:`sources`)
+    # the synthesis sources whose samples are pooled: inversion, generator and decoder, any of them; none:
+    # inversion and generator, and the decoders whenever CVAE decoder bundles are among the uploads
     synth: tuple[str, ...] | None = None
     generator: GeneratorConfig = field(default_factory=GeneratorConfig.preset)
     labels: LabelConfig = field(default_factory=LabelConfig)
     # sources whose samples keep the class they were made for as a one-hot target instead of the
     # teachers' vote: a decoder sample of class y comes from a client that holds y, so its label is right
-    # by design (FedCVAE/FedMHO); the teachers, voting on blurry decoder images, are not (MNIST alpha
-    # 0.1: 94.1 % by construction against 85.2 % by the label-weighted vote, RESULTS.md "Label skew")
+    # by design (FedCVAE/FedMHO); the teachers, voting on blurry decoder images, are not
     construction_labels: tuple[str, ...] = ("decoder",)
     # a constructed sample's target: this weight on its class, the rest on the teachers' vote (dark
-    # knowledge; where the vote keeps the sample its argmax is the class anyway). 1: one-hot. MNIST
-    # (RESULTS.md "Label skew"): 0.5 against 1.0 gave 95.96 / 95.13 % at alpha 0.1, 97.59 / 96.56 % at 0.5
+    # knowledge; where the vote keeps the sample its argmax is the class anyway). 1: one-hot
     construction_weight: float = 0.5
     # after the vote, each class left with fewer kept samples than the median class gets more decoder
     # samples of it (from the decoders that hold it) until it reaches the median: a class one client
     # alone holds loses most of its inversion and generator samples to the vote (the other teachers call
-    # them theirs), and the student then sees it half as often as the rest (see :func:`top_up`)
+    # them theirs), and the student would see it far less often than the rest
     top_up: bool = True
     # check each claimed class against the other claimants on the teachers' own inversions before any
-    # count weighs anything (server_kit.trust); None = whenever the inversion source runs
+    # count weighs anything; none: whenever the inversion source runs
     verify_claims: bool | None = None
     # DENSE-style rounds after the distillation: the generator made adversarial to the student, the
-    # student trained on its new samples (server_kit.adversarial); needs the generator source
+    # student trained on its new samples; needs the generator source
     adversarial: AdversarialConfig | None = None
-    decoder_samples: int = 6000  # FedMHO's synthetic budget (12,000 for EMNIST)
-    decoder_keep: float = 0.8  # R_th of the centroid filter
-    # z ~ N(0, t^2 I) when the decoders are sampled (server_kit.decoders.sample_decoders); 1 = the paper
+    decoder_samples: int = 6000  # images drawn from the CVAE decoders (FedMHO's synthetic budget)
+    # share of each class's decoder samples kept, those nearest the class centroid (FedMHO's R_th)
+    decoder_keep: float = 0.8
+    # the decoders' temperature t: z ~ N(0, t^2 I) when they are sampled; 1: the paper
     decoder_temperature: float = 1.0
-    # how the decoder budget is split over classes (server_kit.decoders.allocate_samples): "examples" by the
-    # decoders' label counts (the paper), "federation" by every upload's (classifiers' too)
+    # how the decoder budget is split over classes: "examples" by the decoders' label counts (the paper),
+    # "federation" by every upload's (the classifiers' too)
     decoder_weighting: Literal["examples", "federation"] = "examples"
     fusion: FusionConfig | None = None
     # FedMHO: initialise by FedAvg when the classifiers share one architecture; False: by consensus
@@ -169,11 +168,10 @@ class AggregateConfig:
     fedavg_init: bool = True
     hard_labels: bool = False  # ablation 'w/o ZSKD': train on the generating teacher's hard labels
     on_error: Literal["stop", "skip"] = "stop"  # a bad bundle stops the run, or is skipped with its reason
-    threads: int | None = None  # torch threads; None: the cores free at the start (usable_threads)
-    # auto, fp32 or bf16 (edge_sdk.precision): the teachers' forward passes in inversion, the generator,
-    # the vote and the claim checks, and the student's in distillation, run in bfloat16 autocast where the
-    # hardware has it (2-3x faster on CPU, benchmarks/RESULTS.md "Speed and memory"); FedMHO's fusion
-    # and the reported accuracy run in float32
+    threads: int | None = None  # torch threads; none: the cores free at the start
+    # auto, fp32 or bf16: the teachers' forward passes in inversion, the generator, the vote and the claim
+    # checks, and the student's in distillation, run in bfloat16 autocast where the hardware has it
+    # (auto) or as given; FedMHO's fusion and the reported accuracy run in float32
     precision: Precision = "auto"
 
     def __post_init__(self) -> None:
@@ -295,8 +293,8 @@ class AggregateConfig:
     def sources(self, has_decoders: bool) -> tuple[str, ...]:
         """The synthesis sources this run uses, in ``SOURCES`` order: ``synth`` as given, or by default
         inversion and generator plus the decoders when there are any. Decoder samples are labelled by
-        construction (``construction_labels``): on MNIST at alpha 0.1 they lift the global model from
-        77 % (inversion + generator) to 94 % (benchmarks/RESULTS.md, "Label skew")."""
+        construction (``construction_labels``): under strong label skew they lift the global model well
+        above inversion and generator alone (benchmarks/RESULTS.md, "Label skew")."""
         if self.synth is not None:
             return tuple(name for name in SOURCES if name in self.synth)
         wanted = ("inversion", "generator", "decoder") if has_decoders else ("inversion", "generator")

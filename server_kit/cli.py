@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.checks import check_output_dir
-from common.cli import Output, cli_main, json_text, out_dir, out_file, print_skipped, root_parser
+from common.cli import Output, cli_main, expert, json_text, out_dir, out_file, print_skipped, root_parser
 from common.config_args import Flag, add_config_args, given_options, given_table
 from common.configs import config_from_dict, read_config_file
 from common.errors import ConfigError
@@ -30,13 +30,39 @@ if TYPE_CHECKING:  # annotations only: the CLI imports the server library when a
 __all__ = ["main"]
 
 
-def add_server_presets(p: argparse.ArgumentParser) -> None:
-    """The presets the server's options go over: not fields, they pick the base values."""
-    p.add_argument("--server-preset", help="aggregation preset: fast (default) or paper")
-    p.add_argument(
-        "--fusion-preset",
-        help="FedMHO Table 3 settings: mnist (default), fashionmnist, svhn, emnist, fast; needs "
-        "--fusion-mode (or a preset or file with fusion)",
+# the argument groups of the server's options, in the order --help shows them: the dotted path of a
+# nested config of AggregateConfig ("" for its own fields) -> the group's title
+SERVER_GROUPS = {
+    "": "server",
+    "inversion": "server: model inversion",
+    "generator": "server: generator",
+    "labels": "server: labels of the synthetic samples",
+    "distill": "server: distillation",
+    "adversarial": "server: adversarial rounds",
+    "fusion": "server: FedMHO fusion",
+}
+# the server's options --help lists; every other one is for experts (--help-all)
+SERVER_COMMON = ("student", "device", "seed", "synth", "threads", "on_error", "distill.epochs")
+
+
+def server_groups(p: argparse.ArgumentParser, prefix: str = "") -> dict[str, Any]:
+    """The server's argument groups of ``p``, keyed by the nested config's path under ``prefix``."""
+    return {
+        ".".join(filter(None, (prefix, key))): p.add_argument_group(title)
+        for key, title in SERVER_GROUPS.items()
+    }
+
+
+def add_server_presets(server: Any, fusion: Any) -> None:
+    """The presets the server's options go over (not fields: they pick the base values), in the server's
+    argument group and the fusion's."""
+    server.add_argument("--server-preset", help="aggregation preset: fast (default) or paper")
+    expert(
+        fusion.add_argument(
+            "--fusion-preset",
+            help="FedMHO's settings of one dataset: mnist (default), fashionmnist, svhn, emnist, fast; needs "
+            "--fusion-mode (or a preset or file with fusion)",
+        )
     )
 
 
@@ -276,29 +302,49 @@ def _build_aggregate(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundles", nargs="+", help="client bundle files")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
     p.add_argument("--eval", help="test .npz to report accuracy on")
-    _config_file_args(p, "AggregateConfig fields (nested tables: [distill], [inversion], ...)")
-    add_server_presets(p)
-    # distill.hard_labels is the loss's own switch, which an aggregation sets from --hard-labels
-    p.set_defaults(flags=add_config_args(p, AggregateConfig, skip=("distill.hard_labels",)))
+    _config_file_args(p, "the server's settings (nested tables: [distill], [inversion], ...)")
+    groups = server_groups(p)
+    add_server_presets(groups[""], groups["fusion"])
+    flags = add_config_args(
+        p,
+        AggregateConfig,
+        skip=("distill.hard_labels",),  # the loss's own switch, which an aggregation sets from --hard-labels
+        groups=groups,
+        common=SERVER_COMMON,
+    )
+    p.set_defaults(flags=flags)
+
+
+# the federation's options --help lists, beside the server's (SERVER_COMMON); the rest: --help-all
+SIMULATE_COMMON = (
+    *("dataset", "data_root", "num_clients", "alpha", "seed", "profiles", "jobs", "device", "precision"),
+    *("resume", "search.final_epochs", "cvae.epochs"),
+    *(f"aggregate.{name}" for name in SERVER_COMMON if name != "seed"),  # the server's seed is --seed
+)
 
 
 def _build_simulate(p: argparse.ArgumentParser) -> None:
     from server_kit.simulate import SimulateConfig
 
-    _config_file_args(p, "SimulateConfig fields (nested tables: [search], [cvae], [aggregate], ...)")
+    _config_file_args(p, "a federation's settings (nested tables: [search], [cvae], [aggregate], ...)")
     p.add_argument(
         "--out", type=out_dir, help="output directory (rerun to resume); over the --config file's out_dir"
     )
     p.add_argument(
         "--method",
         choices=["default", "fedmho"],
-        help="the federation's recipe: default (searched classifiers + decoders, consensus distillation) "
-        "or fedmho (FedMHO: 5 classifier + 5 CVAE devices, shared init, FedAvg, fusion MD; see "
-        "SimulateConfig.preset); every other option overrides it",
+        help="the federation's recipe: default (searched classifiers and decoders, consensus "
+        "distillation) or fedmho (FedMHO: classifier and CVAE devices, shared initial weights, FedAvg, "
+        "fusion); every other option overrides it",
     )
-    add_search_selectors(p)
-    add_cvae_preset(p)
-    add_server_presets(p)
+    groups = {
+        "": p.add_argument_group("federation"),
+        "search": p.add_argument_group("clients: architecture search"),
+        "cvae": p.add_argument_group("clients: CVAE (devices too small for a classifier)"),
+    } | server_groups(p, "aggregate")
+    add_search_selectors(groups["search"])
+    add_cvae_preset(groups["cvae"])
+    add_server_presets(groups["aggregate"], groups["aggregate.fusion"])
     flags: tuple[Flag, ...] = add_config_args(
         p,
         SimulateConfig,
@@ -306,6 +352,8 @@ def _build_simulate(p: argparse.ArgumentParser) -> None:
         # --out; --quiet; the server's seed is --seed; the loss's hard labels follow --hard-labels
         skip=("out_dir", "progress", "aggregate.seed", "aggregate.distill.hard_labels"),
         families={"search": search_classes()},
+        groups=groups,
+        common=SIMULATE_COMMON,
     )
     p.set_defaults(flags=flags)
 

@@ -15,13 +15,12 @@ Who the teacher is (``FusionConfig.teacher``):
   by its share of y's examples, n_ky / sum_j n_jy, over the classifiers *and* the decoders. A classifier
   votes with its softmax (md: each classifier; sd: w_0, the average of them all, with their summed share);
   a decoder votes for y, the class it was asked to draw. Under label skew the mean teacher is wrong on the
-  classes few classifiers hold (MNIST alpha 0.5: the mean MD teacher left the global model at 54 % on a
-  class one classifier of five held; benchmarks/RESULTS.md, "FedMHO at the paper's numbers"); a teacher
+  classes few classifiers hold (benchmarks/RESULTS.md, "FedMHO at the paper's numbers"); a teacher
   that never saw y has weight 0 on y's samples, the same rule as ``server_kit.labels``' ``conditioned``.
 - ``agreeing`` (ours, the default): ``conditioned``, with each classifier's share of y scaled by how much
   it recognises y on y's decoder samples (its mean probability of y there); the share it loses goes to
-  the label y. It matters for sd: FedAvg can lose a class that one classifier held (w_0 at 0-9 % on such
-  classes at alpha 0.3), and a w_0 that calls those samples something else would teach that.
+  the label y. It matters for sd: FedAvg can lose a class that one classifier held (w_0 then hardly
+  recognises it), and a w_0 that calls those samples something else would teach that.
 
 KL uses ``reduction="batchmean"`` (the true KL per sample). The reference code sums CE and
 ``nn.KLDivLoss()`` with its default ``"mean"`` reduction, which divides by batch x classes, so its KL term
@@ -76,11 +75,12 @@ class FusionConfig:
     """Global-model training on the synthetic set.
 
     Attributes:
-        mode: ``ce`` (FedMHO), ``md`` (FedMHO-MD) or ``sd`` (FedMHO-SD).
-        lam: weight of the CE term in md / sd (Eq. 8); unused by ``ce``.
-        teacher: who teaches md / sd: ``agreeing`` or ``conditioned`` (the bundles that hold the
-            sample's class, by their share of it) or ``mean`` (Eqs. 6-7 as written); see the module
-            docstring. ``ce`` has no teacher: another value than the default is refused.
+        mode: the FedMHO loss: ce (FedMHO), md (FedMHO-MD) or sd (FedMHO-SD).
+        lam: weight of the cross-entropy term in md and sd (the paper's Eq. 8); unused by ce.
+        teacher: who teaches md and sd: the uploads that hold the sample's class, by their share of it
+            (conditioned), those shares scaled by how well each classifier recognises the class
+            (agreeing), or the plain mean (mean, the paper's Eqs. 6-7). Mode ce has no teacher: another
+            value than the default is refused.
         epochs: passes over the synthetic set.
         lr: Adam learning rate.
         batch_size: images per step (a trailing batch of one image joins the previous one, for BatchNorm).

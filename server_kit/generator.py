@@ -75,8 +75,8 @@ _PRESETS: dict[str, dict[str, object]] = {
     # Measured on 10 MNIST teachers (alpha 0.5, 2 CPU threads), benchmarks/results/generator_tuning.md:
     # diversity and BN matching each raised the student's accuracy, the noise filter lowered it, and 60
     # steps of 64 at lr 1e-2 already bring the weighted CE near 0.06. samples = inversion's fast set size.
-    # ens_weight 1: at alpha 0.1 (benchmarks/RESULTS.md, "Label skew") the federation's label-weighted
-    # ensemble loss lifted the global model from 76.76 to 77.87 % with the same labels.
+    # ens_weight 1: at alpha 0.1 the federation's label-weighted ensemble loss lifted the global model
+    # with the same labels (benchmarks/RESULTS.md, "Label skew").
     "fast": dict(
         nz=64, width=32, steps=60, batch_size=64, lr=1e-2, ce_weight=1.0, div_weight=1.0, bn_weight=0.1,
         adv_weight=0.0, filter_fraction=0.0, samples=6000, tau=4.0, ens_weight=1.0,
@@ -108,13 +108,13 @@ class GeneratorConfig:
     samples: int  # samples drawn from the trained generator
     tau: float  # temperature of the adversarial KL
     filter_during_training: bool = False  # the noise filter on every training batch too (FedKDG)
-    # each teacher's cross entropy over the classes it holds only (server_kit.labels.held_classes): its
-    # logits of classes it never trained on are arbitrary on generated images
+    # each teacher's cross entropy over the classes it holds only: its logits of classes it never trained
+    # on are arbitrary on generated images
     mask_teachers: bool = False
-    # cross entropy of the federation's per-output label-weighted ensemble (server_kit.labels' real-image
-    # rule: teacher k's vote for class c scaled by its share of c) against the conditioning label: a
-    # teacher holding y and one other class calls anything "not the other class" y, so the per-teacher
-    # loss alone lets G make images that the rest of the federation would call something else
+    # cross entropy of the federation's label-weighted ensemble (teacher k's vote for class c scaled by
+    # its share of c) against the conditioning label: a teacher holding y and one other class calls
+    # anything "not the other class" y, so the per-teacher loss alone lets the generator make images
+    # that the rest of the federation would call something else
     ens_weight: float = 0.0
 
     def __post_init__(self) -> None:

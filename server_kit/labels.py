@@ -60,9 +60,9 @@ FALLBACK_BELOW = 0.25
 class LabelConfig:
     """How synthetic samples are labelled (see the module docstring).
 
-    The default is the rule that is right on real images (label-weighted, 96.4 % on MNIST's test set at
-    alpha 0.1 against 80.2 % for the mean) with the samples it does not call y dropped: measured at alpha
-    0.1 (benchmarks/RESULTS.md, "Label skew") it beat the mean, the conditioned rule with or without the
+    The default is the rule that is right on real images (label-weighted, far above the mean on MNIST's
+    test set at alpha 0.1) with the samples it does not call y dropped: measured at alpha 0.1
+    (benchmarks/RESULTS.md, "Label skew") it beat the mean, the conditioned rule with or without the
     mask, and kept the weakest class highest.
     """
 
@@ -72,9 +72,9 @@ class LabelConfig:
     rule: LabelRule = "label-weighted"
     mask: bool = False  # each teacher votes only for the classes it has examples of
     drop_mismatch: bool = True  # drop the samples whose label is not the class they were made for
-    # a teacher with an "unknown" output (FedOV, :mod:`server_kit.abstain`) votes on each sample with
-    # the weight of its probability that the sample is one of its classes; teachers without one vote as
-    # always. False: the unknown output is ignored (the ablation)
+    # a teacher with an "unknown" output (FedOV) votes on each sample with the weight of its probability
+    # that the sample is one of its classes; teachers without one vote as always. False: the unknown
+    # output is ignored (the ablation)
     abstain: bool = True
 
     def __post_init__(self) -> None:

@@ -98,14 +98,15 @@ class SimulateConfig:
     otherwise.
     """
 
-    dataset: str  # mnist, fashionmnist, cifar10, svhn or digits
+    dataset: str  # the dataset to partition: mnist, fashionmnist, cifar10, svhn or digits
     data_root: str | None = None  # torchvision-layout dataset root (not needed for digits)
     num_clients: int = 10  # clients in the federation
     alpha: float = 0.5  # Dirichlet concentration of the label skew
-    seed: int = 0  # seed of the partition, the clients (seed + k) and the server (its aggregate seed)
+    seed: int = 0  # seed of the partition, the clients (seed + k) and the server
     out_dir: Path
     profiles: tuple[str, ...] = ("laptop-cpu",)  # device profiles, assigned round-robin
-    profile_map: Path | None = None  # TOML: default = 'name' and [clients] index = 'name'
+    # a TOML file of profiles per client: default = 'name' and a [clients] table of index = 'name'
+    profile_map: Path | None = None
     search: SearchConfig = field(default_factory=PSOConfig)
     cvae: CVAEConfig = field(default_factory=CVAEConfig)  # clients whose profile role is cvae (FedMHO)
     unknown_output: bool = False  # classifier clients train FedOV's "unknown" output
@@ -113,20 +114,21 @@ class SimulateConfig:
     # they upload their classifier alone (FedMHO's setting), constrained devices still train CVAEs
     decoders: bool = True
     # when every classifier client trains one architecture (strategy fixed), the server publishes initial
-    # weights of it (out_dir/init.onnx, seeded by ``seed``) and the clients start from them, so their
-    # uploads can be averaged (FedMHO's FedAvg initialisation); False: each client initialises its own
+    # weights of it (init.onnx in the output directory) and the clients start from them, so their uploads
+    # can be averaged (FedMHO's FedAvg initialisation); False: each client initialises its own
     shared_init: bool = True
-    # the clients' training precision (edge_sdk.precision); the server's is aggregate.precision, which
-    # follows it on the command line unless given
+    # the clients' training precision: bfloat16 autocast where the hardware has it (auto), or as given;
+    # on the command line the server's follows it unless its own is given
     precision: Precision = "auto"
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     val_fraction: float = 0.2  # share of each client's data held out for its validation
     min_size: int = 10  # fewest examples a client gets
     jobs: int = 1  # clients trained in parallel processes
-    device: str = "cpu"  # the clients' training device (cpu, cuda, auto); the server's: aggregate.device
+    # the clients' training device: cpu, cuda, cuda:N or auto (CUDA when present); the server has its own
+    device: str = "cpu"
     progress: bool = True
     # auto: reuse the partition, client bundles and inversion chunks made with this run's settings, data and
-    # code, redo the rest; strict: refuse an out_dir holding any made otherwise; off: redo everything
+    # code, redo the rest; strict: refuse an output directory holding any made otherwise; off: redo all
     resume: ResumeMode = "auto"
 
     def __post_init__(self) -> None:
@@ -209,11 +211,11 @@ class SimulateConfig:
 FEDMHO_ARCH = "C32k5-P-C64k5-P-F10"
 FEDMHO_EPOCHS = 10  # local epochs of the classifiers (the paper: 200, insensitive above 50, Fig. 7)
 # FedMHO's decoders carry a class prior (edge_sdk.cvae.ClassPrior) and are drawn at temperature 0.9, the
-# higher of the two measured (1, 0.9) at which every class of the MNIST server sets is recognisable at
-# >= 85 % (class 8 at alpha 0.3: 79 % at 1, 88 % at 0.9); the global model moved by at most 0.17 points
-# (benchmarks/RESULTS.md, "FedMHO at the paper's numbers"). Their budget is split over classes by every
-# upload's label counts ("federation"): the fusion trains on decoder samples alone, so a class the CVAE
-# devices hold little of would otherwise get almost none, however much of it the classifiers hold.
+# higher of the two measured (1, 0.9) at which every class of the MNIST server sets is recognisable, at
+# little cost to the global model (benchmarks/RESULTS.md, "FedMHO at the paper's numbers"). Their budget
+# is split over classes by every upload's label counts ("federation"): the fusion trains on decoder
+# samples alone, so a class the CVAE devices hold little of would otherwise get almost none, however much
+# of it the classifiers hold.
 FEDMHO_TEMPERATURE = 0.9
 
 

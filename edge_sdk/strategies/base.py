@@ -71,13 +71,12 @@ class SearchConfig:
     preset; ``preset("paper")`` is pFedZKD section 4.1.2.
 
     Attributes:
-        epochs: training epochs per candidate (fitness evaluation).
-        final_epochs: epochs the client trains the winner for afterwards (read by the client).
-        lr, batch_size: Adam settings of candidate and final training (also the batch of the memory
-            estimate).
-        max_train_samples: train each candidate on a seeded random subset this large (None = the whole
-            split). A speed knob: fitness is still measured on the whole validation split. The fast
-            default of 2000 keeps a 6,000-image MNIST client's search to a few minutes on 2 CPU cores.
+        epochs: epochs each candidate architecture trains for its fitness (the search's short training).
+        final_epochs: epochs the client trains the chosen architecture for after the search.
+        lr: Adam learning rate of the candidates' and the final training.
+        batch_size: batch size of the candidates' and the final training (and of the memory estimate).
+        max_train_samples: train each candidate on a seeded random subset this large (none: the whole
+            split); a speed knob, fitness is still measured on the whole validation split.
     """
 
     strategy: ClassVar[str]

@@ -48,11 +48,16 @@ class EvolutionConfig(SearchConfig):
     """Evolution's options over the shared ones (:class:`~edge_sdk.strategies.base.SearchConfig`).
 
     Attributes:
-        population, mutations, crossovers, generations, reevaluate: N_pop, N_m, N_c, generations and
-            the finalists evaluated for real; the paper preset is 256/128/128/20.
-        max_depth: longest chain the chain space draws (3..20; the elastic space has its own bounds).
-        supernet: path of a supernet file (``server-kit supernet``): evolution then searches the elastic
-            space with inherited weights; None searches the chain space by short training.
+        population: architectures the population keeps (N_pop); the initial ones are evaluated for
+            real, the later ones scored by the accuracy predictor.
+        mutations: mutants added in each generation (N_m).
+        crossovers: crossover children added in each generation (N_c).
+        generations: rounds of mutation, crossover and selection.
+        reevaluate: the best distinct architectures of the last population evaluated for real at the
+            end; the best of them wins.
+        max_depth: longest chain the chain space draws (3 to 20; the elastic space has its own bounds).
+        supernet: path of a supernet file (from server-kit supernet): evolution then searches the
+            elastic space with inherited weights; none: the chain space, by short training.
         calib_batches: BatchNorm recalibration batches per elastic candidate.
     """
 

@@ -34,34 +34,24 @@ class PSOConfig(SearchConfig):
     """PSO's options over the shared ones (:class:`~edge_sdk.strategies.base.SearchConfig`).
 
     Attributes:
-        particles: swarm size N.
+        particles: swarm size.
         iterations: PSO generations after the initial swarm.
-        repeats: independent swarms; the best spec over all of them is returned.
+        repeats: independent swarms; the best architecture over all of them is returned.
         cg: probability that a target layer comes from the global best rather than the personal best.
-        max_depth: longest chain the sampler draws (3..20). Shorter chains train faster; PSO never grows
-            a particle past the longer of its two guides, so this bounds the whole search.
-        fixed_arch: the warm-start architecture: the ``fixed`` baseline's default (CNN1), so the swarm
-            competes with the baseline it is compared against.
-        warm_start: ours, not in Algorithm 2: particle 0 of every swarm starts at ``fixed_arch`` (a
-            chain spec; when the budget rejects it, its widths are halved until it fits, at most
-            :data:`WARM_NARROWINGS` times) instead of a random spec, so the swarm's global best is never
-            worse by fitness than that baseline and the other particles are pulled toward it. The
-            ``paper`` preset turns it off.
-        finalists: ours, not in Algorithm 2: PSO returns its ``finalists`` best distinct specs by
-            fitness (with a warm start the warm-start spec is always one of them, taking the last place
-            if its fitness ranks it lower) and the client trains each for ``final_epochs``, keeping the
-            most accurate on the validation split.
-            Short-training fitness misranks candidates whose curves cross later (measured on MNIST:
-            CNN1 lost to a chain that ended 1.4 points below it); this buys the final ranking for
-            ``finalists - 1`` extra final trainings. 1 = Algorithm 2 (``paper``).
-        finalist_share: ours, successive halving of the finalists: each trains
-            :meth:`finalist_epochs` (this share of ``final_epochs``, at least one) on the whole training
-            split, and one goes on to ``final_epochs``: the cheapest within one standard error of the
-            most accurate on validation (``edge_sdk.client``). 1.0 trains every finalist fully.
-            Measured on the MNIST clients (benchmarks/RESULTS.md, "Speed"): the three full trainings
-            cost 2.5x the winner's alone, while the finalists' validation accuracies spanned 0-1.8
-            points (median 0.55); a quarter of the epochs on all the data is 4-10x the data the
-            search's fitness saw, and the cost falls from 3 to 1.5 final trainings.
+        max_depth: longest chain the sampler draws (3 to 20); PSO never grows a particle past the longer
+            of its two guides, so this bounds the whole search.
+        fixed_arch: the architecture a warm-started swarm begins from (strategy pso) or that is trained
+            as it is (strategy fixed); by default CNN1, the fixed baseline.
+        warm_start: particle 0 of every swarm starts at fixed_arch (its widths halved until it fits the
+            budget) instead of a random architecture, so the search never does worse by fitness than
+            that baseline; ours, not in the paper's Algorithm 2 (the paper preset turns it off).
+        finalists: how many of the best distinct architectures by fitness the client trains fully,
+            keeping the most accurate on validation: a short training's fitness misranks candidates
+            whose learning curves cross later. 1: the paper's Algorithm 2.
+        finalist_share: successive halving of the finalists: each trains this share of final_epochs
+            (at least one epoch) on the whole training split, and one goes on to final_epochs: the
+            cheapest within one standard error of the most accurate on validation. 1.0 trains every
+            finalist fully.
     """
 
     strategy: ClassVar[str] = "pso"

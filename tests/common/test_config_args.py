@@ -109,6 +109,33 @@ def test_help_shows_docs_defaults_and_choices(capsys):
     assert "--spare-rate FLOAT two knobs documented together. (default when spare is set: 0.5)" in text
 
 
+def test_help_lists_the_common_fields_by_group_and_help_all_every_field(capsys):
+    parser, command = root_parser("tool", "a test CLI", version="0")
+
+    def build(p: argparse.ArgumentParser) -> None:
+        groups = {"": p.add_argument_group("basics"), "inner": p.add_argument_group("inner knobs")}
+        p.set_defaults(flags=add_config_args(p, Outer, groups=groups, common=("name", "inner.rate")))
+
+    command("go", lambda args: None, "runs", build)
+
+    def shown(flag: str) -> str:
+        with pytest.raises(SystemExit) as stop:
+            cli_main("tool", parser, ["go", flag])
+        assert stop.value.code == 0
+        return capsys.readouterr().out
+
+    short, every = shown("--help"), shown("--help-all")
+    assert "basics:\n  --name TEXT" in short and "inner knobs:\n  --inner-rate FLOAT" in short
+    for option in ("--mode", "--inner-width", "--spare-rate", "spare options:"):  # a group left empty: gone
+        assert option not in short and option in every, option
+    assert short.rstrip().endswith("--help-all also lists 7 options for experts.")
+    assert "for experts" not in every
+    with pytest.raises(
+        ConfigError, match=r"common options must name fields that have a flag, got \['nmae'\]"
+    ):
+        add_config_args(argparse.ArgumentParser(), Outer, common=("nmae",))
+
+
 def test_a_bad_value_is_a_one_line_usage_error(capsys):
     parser, command = root_parser("tool", "a test CLI", version="0")
     command("go", lambda args: None, "runs", lambda p: p.set_defaults(flags=add_config_args(p, Outer)))
@@ -170,9 +197,16 @@ def test_every_field_of_the_commands_configs_has_a_flag():
     from server_kit.supernet import SupernetConfig
 
     search = {"search": tuple(s.config for s in STRATEGIES.values())}
-    simulate = _leaves(SimulateConfig, (), search) - {("out_dir",), ("progress",), ("aggregate", "seed")}
+    # the server's seed is --seed; the loss's hard labels follow --hard-labels
+    simulate = _leaves(SimulateConfig, (), search) - {
+        ("out_dir",),
+        ("progress",),
+        ("aggregate", "seed"),
+        ("aggregate", "distill", "hard_labels"),
+    }
     assert _paths(build_parser(), ["simulate"]) == simulate
-    assert _paths(build_parser(), ["aggregate", "b", "--out", "o"]) == _leaves(AggregateConfig, (), {})
+    aggregate = _leaves(AggregateConfig, (), {}) - {("distill", "hard_labels")}
+    assert _paths(build_parser(), ["aggregate", "b", "--out", "o"]) == aggregate
     assert _paths(build_parser(), ["personalize", "b", "--aggregate", "a", "--out", "o"]) == _leaves(
         PKEConfig, (), {}
     )
@@ -204,7 +238,7 @@ def test_a_new_field_shows_up_as_a_flag_without_a_cli_edit(monkeypatch):
 def test_help_shows_the_fields_defaults_and_choices(capsys):
     def helps(main, command: str) -> str:
         with pytest.raises(SystemExit):
-            main([command, "--help"])
+            main([command, "--help-all"])  # the expert options too
         return " ".join(capsys.readouterr().out.split())
 
     text = helps(server_main, "aggregate")

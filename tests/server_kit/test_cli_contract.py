@@ -217,7 +217,7 @@ def test_quiet_and_verbose_set_what_reaches_stderr(capsys, tmp_path):
 def test_help_shows_defaults_choices_and_one_meaning_per_name(capsys):
     def helps(main, command: str) -> str:
         with pytest.raises(SystemExit):
-            main([command, "--help"])
+            main([command, "--help-all"])  # the expert options too
         return " ".join(capsys.readouterr().out.split())
 
     text = helps(server_main, "simulate")
