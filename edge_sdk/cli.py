@@ -19,7 +19,7 @@ from common.config_args import add_config_args, given_table
 from common.configs import config_from_dict
 from edge_sdk import __version__
 
-__all__ = ["add_search_selectors", "cvae_config", "main", "search_classes", "search_config"]
+__all__ = ["add_search_selectors", "client_groups", "cvae_config", "main", "search_classes", "search_config"]
 
 logger = logging.getLogger("edge_sdk")
 
@@ -46,6 +46,19 @@ def add_search_selectors(p: argparse.ArgumentParser) -> None:
 
 def add_cvae_preset(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cvae-preset", help="CVAE preset: fast (the default) or a dataset name")
+
+
+def client_groups(p: argparse.ArgumentParser, own: str, prefix: str = "") -> dict[str, Any]:
+    """The argument groups of a device's options, by the config they set ("" its own fields, titled
+    ``own``; its search's and its CVAE's, titled after ``prefix``), with the presets in theirs."""
+    groups = {
+        "": p.add_argument_group(own),
+        "search": p.add_argument_group(f"{prefix}architecture search"),
+        "cvae": p.add_argument_group(f"{prefix}CVAE (devices too small for a classifier)"),
+    }
+    add_search_selectors(groups["search"])
+    add_cvae_preset(groups["cvae"])
+    return groups
 
 
 def cvae_config(args: argparse.Namespace, given: Mapping[str, Any], base: Any = None):  # -> CVAEConfig
@@ -417,20 +430,13 @@ def build_parser() -> argparse.ArgumentParser:
             "memory is not held to the profile's memory_mb (without it, a device too small to run "
             "`edge-sdk run` is refused and auto steps down to a role that fits)",
         )
-        groups = {
-            "": p.add_argument_group("device"),
-            "search": p.add_argument_group("architecture search"),
-            "cvae": p.add_argument_group("CVAE (devices too small for a classifier)"),
-        }
-        add_search_selectors(groups["search"])
-        add_cvae_preset(groups["cvae"])
         flags = add_config_args(
             p,
             ClientConfig,
             flatten=("search",),
             skip=("progress",),
             families={"search": search_classes()},
-            groups=groups,
+            groups=client_groups(p, "device"),
             common=RUN_COMMON,
         )
         p.set_defaults(flags=flags)

@@ -20,7 +20,7 @@ from common.config_args import Flag, add_config_args, given_options, given_table
 from common.configs import config_from_dict, read_config_file
 from common.errors import ConfigError
 from edge_sdk import __version__
-from edge_sdk.cli import add_cvae_preset, add_search_selectors, cvae_config, search_classes, search_config
+from edge_sdk.cli import client_groups, cvae_config, search_classes, search_config
 
 if TYPE_CHECKING:  # annotations only: the CLI imports the server library when a sub-command runs
     from server_kit.aggregate import AggregateConfig
@@ -337,13 +337,7 @@ def _build_simulate(p: argparse.ArgumentParser) -> None:
         "distillation) or fedmho (FedMHO: classifier and CVAE devices, shared initial weights, FedAvg, "
         "fusion); every other option overrides it",
     )
-    groups = {
-        "": p.add_argument_group("federation"),
-        "search": p.add_argument_group("clients: architecture search"),
-        "cvae": p.add_argument_group("clients: CVAE (devices too small for a classifier)"),
-    } | server_groups(p, "aggregate")
-    add_search_selectors(groups["search"])
-    add_cvae_preset(groups["cvae"])
+    groups = client_groups(p, "federation", prefix="clients: ") | server_groups(p, "aggregate")
     add_server_presets(groups["aggregate"], groups["aggregate.fusion"])
     flags: tuple[Flag, ...] = add_config_args(
         p,

@@ -42,14 +42,15 @@ class PSOConfig(SearchConfig):
             of its two guides, so this bounds the whole search.
         fixed_arch: the architecture a warm-started swarm begins from (strategy pso) or that is trained
             as it is (strategy fixed); by default CNN1, the fixed baseline.
-        warm_start: particle 0 of every swarm starts at fixed_arch (its widths halved until it fits the
-            budget) instead of a random architecture, so the search never does worse by fitness than
-            that baseline; ours, not in the paper's Algorithm 2 (the paper preset turns it off).
+        warm_start: particle 0 of every swarm starts at the fixed architecture (its widths halved until
+            it fits the budget) instead of a random architecture, so the search never does worse by
+            fitness than that baseline; ours, not in the paper's Algorithm 2 (the paper preset turns it
+            off).
         finalists: how many of the best distinct architectures by fitness the client trains fully,
             keeping the most accurate on validation: a short training's fitness misranks candidates
             whose learning curves cross later. 1: the paper's Algorithm 2.
-        finalist_share: successive halving of the finalists: each trains this share of final_epochs
-            (at least one epoch) on the whole training split, and one goes on to final_epochs: the
+        finalist_share: successive halving of the finalists: each trains this share of the final epochs
+            (at least one epoch) on the whole training split, and one goes on to all of them: the
             cheapest within one standard error of the most accurate on validation. 1.0 trains every
             finalist fully.
     """
