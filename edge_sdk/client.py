@@ -241,6 +241,7 @@ def run_client(
     ``seconds``. ``hosted``: this process is the profile's device, so the role must fit its memory too
     (:func:`edge_sdk.roles.resolve_role`)."""
     out = Path(out)
+    resolve_device(config.device)  # a missing GPU is refused before any work
     budgeted = profile  # the budgets the search screens under: the profile's, time_budget_s overridden
     if config.time_budget_s is not None:
         budgeted = dataclasses.replace(profile, time_budget_s=float(config.time_budget_s))

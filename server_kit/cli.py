@@ -104,12 +104,21 @@ def aggregate_config(
     return config_from_dict(AggregateConfig, table, what="aggregate options", base=base)
 
 
+def _usable_here(*devices: str) -> None:
+    """Each device is on this machine (CUDA where asked): checked before --print-config or any work."""
+    from common.device import resolve_device
+
+    for device in devices:
+        resolve_device(device)
+
+
 def cmd_aggregate(args: argparse.Namespace) -> Output:
     from edge_sdk.data import load_client_data
     from server_kit.aggregate import AggregateConfig, aggregate
 
     base = AggregateConfig.from_dict(read_config_file(args.config)) if args.config is not None else None
     config = aggregate_config(args, given_table(args, args.flags), base=base)
+    _usable_here(config.device)
     if args.print_config:  # JSON in both formats: --config reads it back from a .json file
         return Output(config.to_dict(), [json_text(config.to_dict())])
     eval_data = load_client_data(args.eval) if args.eval else None
@@ -186,6 +195,7 @@ def cmd_simulate(args: argparse.Namespace) -> Output:
     from server_kit.simulate import simulate
 
     config = simulate_config(args)
+    _usable_here(config.device, config.aggregate.device)
     if args.print_config:  # JSON in both formats: --config reads it back from a .json file
         return Output(config.to_dict(), [json_text(config.to_dict())])
     result = simulate(config)

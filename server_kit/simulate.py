@@ -41,7 +41,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from common import toml
 from common.checks import from_preset
 from common.configs import config_from_dict
-from common.device import check_device
+from common.device import check_device, resolve_device
 from common.errors import ConfigError
 from common.timing import timed
 from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
@@ -480,6 +480,8 @@ def simulate(config: SimulateConfig) -> SimulateResult:
 
     out = config.out_dir
     assign_profiles(config.num_clients, config.profiles, config.profile_map)  # a bad name fails first
+    for device in (config.device, config.aggregate.device):  # a missing GPU too, before the partition
+        resolve_device(device)
     seconds: dict[str, float] = {}
     started_at = time.time()  # phases follow in the order of ``seconds`` (benchmarks/speed.py)
     wall = time.perf_counter()

@@ -34,11 +34,7 @@ def test_check_device_refuses_what_is_no_device_name(name: object) -> None:
         check_device(name)
 
 
-def test_check_device_refuses_cuda_where_there_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_device_leaves_whether_the_machine_has_it_to_resolve_device(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert check_device("auto") == "auto" and check_device("cpu") == "cpu"
-    for name in ("cuda", "cuda:0"):
-        with pytest.raises(ConfigError, match="CUDA is not available"):
-            check_device(name)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert check_device("cuda:1") == "cuda:1"
+    for name in ("auto", "cpu", "cuda", "cuda:1"):  # a server may plan its clients' CUDA without its own
+        assert check_device(name) == name

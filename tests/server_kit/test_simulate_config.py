@@ -121,6 +121,21 @@ def test_the_config_seeds_the_server_as_the_cli_does(tmp_path, capsys):
         SimulateConfig.from_dict({"dataset": "digits", "out_dir": "o", "seed": 3, "aggregate": {"seed": 4}})
 
 
+def test_a_missing_gpu_is_refused_before_the_partition(tmp_path, monkeypatch):
+    """#33: simulate(device="cuda") split the data for seconds before torch refused; a server planning
+    its clients' CUDA without a GPU of its own may still build the config."""
+    import torch
+
+    from server_kit.simulate import simulate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for where in ({"device": "cuda"}, {"aggregate": replace(CONFIGS["default"].aggregate, device="cuda:0")}):
+        config = SimulateConfig(dataset="digits", out_dir=tmp_path / "o", **where)
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            simulate(config)
+        assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize(
     ("text", "extra", "message"),
     [
