@@ -47,7 +47,9 @@ def prepare(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     tr = load_dataset(args.dataset, args.data_root, split="train")
     te = load_dataset(args.dataset, args.data_root, split="test")
-    sub = tr.subset(torch.randperm(len(tr), generator=torch.Generator().manual_seed(args.seed))[: args.train_images])
+    sub = tr.subset(
+        torch.randperm(len(tr), generator=torch.Generator().manual_seed(args.seed))[: args.train_images]
+    )
     np.save(out / "test_x.npy", to_float(te.x).numpy())
     np.save(out / "test_y.npy", te.y.numpy())
     calib = to_float(sub.x[: args.calibration]).numpy()
@@ -86,7 +88,10 @@ def score(args: argparse.Namespace) -> None:
 def summary(args: argparse.Namespace) -> None:
     work = Path(args.work)
     y = np.load(work / "test_y.npy")
-    runs = {p.name.removeprefix("preds-").removesuffix(".npz"): np.load(p) for p in sorted(work.glob("preds-*.npz"))}
+    runs = {
+        p.name.removeprefix("preds-").removesuffix(".npz"): np.load(p)
+        for p in sorted(work.glob("preds-*.npz"))
+    }
     ref = runs.get("native")
     rows = []
     for cpu, preds in runs.items():

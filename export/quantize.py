@@ -15,13 +15,12 @@ agreement per CPU class are in benchmarks/RESULTS.md (``benchmarks/int8_cpu_clas
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
-from pathlib import Path
-
-import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -30,7 +29,9 @@ from export.onnx_export import INPUT_NAME, onnx_session, read_metadata, validate
 
 __all__ = ["DEFAULT_SCHEME", "QUANTIZATION_KEY", "SCHEMES", "QuantScheme", "latency_ms", "quantize_int8"]
 
-QUANTIZATION_KEY = "quantization"  # metadata_props entry saying how, and for which CPUs, a model was quantized
+QUANTIZATION_KEY = (
+    "quantization"  # metadata_props entry saying how, and for which CPUs, a model was quantized
+)
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,9 @@ class QuantScheme:
     runs_alike_on: str  # the CPU classes on which onnxruntime's integer results are the same
 
     def to_metadata(self, name: str) -> str:
-        return json.dumps({"scheme": name, "format": "QDQ", "per_channel": True} | asdict(self), sort_keys=True)
+        return json.dumps(
+            {"scheme": name, "format": "QDQ", "per_channel": True} | asdict(self), sort_keys=True
+        )
 
 
 SCHEMES: dict[str, QuantScheme] = {

@@ -41,7 +41,9 @@ def _weights(model_bytes: bytes) -> dict[str, np.ndarray]:
     model = onnx.load_model_from_string(model_bytes)
     init = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     names = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in init}
-    return {name: init[name] for name in names if init[name].dtype in (np.int8, np.uint8) and init[name].ndim > 1}
+    return {
+        name: init[name] for name in names if init[name].dtype in (np.int8, np.uint8) and init[name].ndim > 1
+    }
 
 
 def test_int8_is_qdq_and_smaller(trained) -> None:
