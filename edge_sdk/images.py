@@ -406,9 +406,12 @@ def source_key(source: Path) -> dict[str, Any]:
     return {"path": str(path), "files": len(files), "listing_sha256": digest.hexdigest()}
 
 
-def load_split_images(source: Path, *, image_size: int | None = None) -> dict[str, ImageSet]:
-    """:func:`read_split_images` through the cache: decoded once, then read back from one ``.npz`` under
-    :func:`cache_dir` (its place is logged) while the source, resize and reader are unchanged."""
+def load_split_images(source: Path, split: str, *, image_size: int | None = None) -> ImageSet:
+    """One split of :func:`read_split_images` through the cache: both splits decoded once into one
+    ``.npz`` under :func:`cache_dir` (its place is logged), then each read back from it alone while the
+    source, resize and reader are unchanged."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if image_size is not None:
         image_size = check_int("image_size", image_size, 1)
     key = json.dumps(
@@ -417,7 +420,7 @@ def load_split_images(source: Path, *, image_size: int | None = None) -> dict[st
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in source.resolve().name)[:48]
     stem = f"{slug}-{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]}"
     path = cache_dir() / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
-    cached = _read_cache(path, key)
+    cached = _read_cache(path, key, split)
     if cached is not None:
         logger.info("read %s decoded from the cache %s (delete it to decode again)", source, path)
         return cached
@@ -427,7 +430,7 @@ def load_split_images(source: Path, *, image_size: int | None = None) -> dict[st
     for stale in path.parent.glob(f"{stem}-*.npz"):  # decodes of an earlier version of this source
         if stale != path:
             stale.unlink(missing_ok=True)
-    return splits
+    return splits[split]
 
 
 def _write_cache(path: Path, key: str, splits: dict[str, ImageSet]) -> None:
@@ -447,9 +450,9 @@ def _write_cache(path: Path, key: str, splits: dict[str, ImageSet]) -> None:
         )
 
 
-def _read_cache(path: Path, key: str) -> dict[str, ImageSet] | None:
-    """The splits a cache file holds, or None when it is absent, of another key or unreadable (it is then
-    written again: a cache holds nothing that cannot be decoded again)."""
+def _read_cache(path: Path, key: str, split: str) -> ImageSet | None:
+    """The ``split`` a cache file holds (its arrays alone read), or None when it is absent, of another key
+    or unreadable (it is then written again: a cache holds nothing that cannot be decoded again)."""
     if not path.is_file():
         return None
     try:
@@ -458,13 +461,11 @@ def _read_cache(path: Path, key: str) -> dict[str, ImageSet] | None:
                 return None
             names = tuple(str(n) for n in data["class_names"]) if "class_names" in data.files else None
             num_classes = int(data["num_classes"])
-            splits = {s: ImageSet(data[f"x_{s}"], data[f"y_{s}"], num_classes, names) for s in SPLITS}
+            x, y = data[f"x_{split}"], data[f"y_{split}"]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
         logger.warning("the cache %s is unreadable (%s); decoding again", path, err)
         return None
-    for split, images in splits.items():
-        x, y = images.x, images.y
-        if x.dtype != np.uint8 or x.ndim != 4 or y.dtype != np.int64 or y.shape != (len(x),):
-            logger.warning("the cache %s holds malformed %s arrays; decoding again", path, split)
-            return None
-    return splits
+    if x.dtype != np.uint8 or x.ndim != 4 or y.dtype != np.int64 or y.shape != (len(x),):
+        logger.warning("the cache %s holds malformed %s arrays; decoding again", path, split)
+        return None
+    return ImageSet(x, y, num_classes, names)
