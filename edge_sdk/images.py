@@ -267,7 +267,9 @@ def _folder_listing(root: Path) -> tuple[dict[str, list[str]], list[tuple[str, s
     """The class folders of each split and every image file (split, class, path) of a data-set folder."""
     missing = [s for s in SPLITS if not (root / s).is_dir()]
     if missing:
-        raise DataError(f"data folder {root} has no {'/ and '.join(missing)}/ folder; {_SPLIT_LAYOUT}")
+        raise DataError(
+            f"data folder {root} has no {' and no '.join(m + '/' for m in missing)}; {_SPLIT_LAYOUT}"
+        )
     classes: dict[str, list[str]] = {}
     files: list[tuple[str, str, Path]] = []
     for split in SPLITS:
