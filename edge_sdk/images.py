@@ -30,7 +30,7 @@ import warnings
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -74,6 +74,7 @@ MAX_DATASET_BYTES = 16 * 2**30  # the decoded arrays of one data set (counted as
 READER_VERSION = 1
 # Where the decoded caches go instead of $XDG_CACHE_HOME/oneshot-fl-edge (or ~/.cache/oneshot-fl-edge).
 CACHE_ENV = "ONESHOT_FL_EDGE_CACHE"
+_EMPTY = np.empty(0, dtype=np.uint8)
 GREY = frozenset({"1", "L", "LA", "La"})
 SIXTEEN_BIT_GREY = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 COLOUR = frozenset({"RGB", "RGBA", "RGBX", "RGBa", "CMYK", "YCbCr", "LAB", "HSV", "P", "PA"})
@@ -191,14 +192,17 @@ def _decode_all(items: Iterable[_Item], image_size: int | None) -> tuple[list[_I
                 f"the decoded images pass {MAX_DATASET_BYTES} bytes at {item.where}; "
                 "fix: give a smaller image size (--image-size) or use fewer images"
             )
-        done.append(item)
+        done.append(replace(item, source=b"") if isinstance(item.source, bytes) else item)  # bytes freed
         decoded.append(pixels)
     channels = 3 if any(p.ndim == 3 for p in decoded) else 1
     height, width = shape or (0, 0)
+    # each image dropped once copied: the pages of ``x`` are committed as it fills, so the peak stays near
+    # one copy of the data set instead of two
     x = np.empty((len(decoded), channels, height, width), dtype=np.uint8)
     for i, pixels in enumerate(decoded):
         # a grey image in a colour set: its value in every channel (what Pillow's L -> RGB does)
         x[i] = pixels.transpose(2, 0, 1) if pixels.ndim == 3 else pixels[None]
+        decoded[i] = _EMPTY
     return done, x
 
 
@@ -208,8 +212,9 @@ def _ordered(
     """Items, images and labels in the order of (split, label, file name): the same for a folder and its
     archive, whatever order the archive stores its members in."""
     y = np.array([labels[item.folder] for item in items], dtype=np.int64)
-    perm = sorted(range(len(items)), key=lambda i: (items[i].split, int(y[i]), items[i].name))
-    if perm == list(range(len(items))):
+    splits = np.array([item.split for item in items], dtype=np.int64)
+    perm = np.lexsort((np.array([item.name for item in items], dtype=np.str_), y, splits))
+    if np.array_equal(perm, np.arange(len(items))):
         return items, x, y
     return [items[i] for i in perm], x[perm], y[perm]
 
