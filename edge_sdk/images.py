@@ -145,13 +145,15 @@ def _size(source: Path | bytes) -> int:
 
 def _eight_bit(img: Image.Image, where: str) -> Image.Image:
     """``img`` upright (its EXIF orientation applied) as 8-bit ``L`` or ``RGB``."""
+    # older Pillow versions open a 16-bit grey PNG as 32-bit "I" holding the same 0..65535
+    sixteen_bit = img.mode in SIXTEEN_BIT_GREY or (img.mode == "I" and img.format == "PNG")
     if img.getexif().get(0x0112, 1) != 1:
         img = ImageOps.exif_transpose(img)
     if img.mode in ("L", "RGB"):
         return img
     if img.mode in GREY:
         return img.convert("L")
-    if img.mode in SIXTEEN_BIT_GREY:  # 0..65535 -> 0..255, rounded
+    if sixteen_bit:  # 0..65535 -> 0..255, rounded
         wide = np.asarray(img).astype(np.uint32)
         return Image.fromarray(((wide * 255 + 32767) // 65535).astype(np.uint8))
     if img.mode in ("P", "PA") and "transparency" in img.info:
@@ -297,10 +299,10 @@ def _check_classes(classes: dict[str, list[str]], where: str) -> tuple[dict[str,
     return _labels(train, where)
 
 
-def _archive_members(path: Path) -> Iterator[tuple[tuple[str, ...], bytes | None]]:
-    """(path parts, bytes) of each regular member of a ``.tar.gz`` in archive order (bytes None for a
-    directory or a file that is no image), after refusing links, absolute or parent paths, special files
-    and members past the size bounds."""
+def _archive_members(path: Path) -> Iterator[tuple[tuple[str, ...], bool, bytes | None]]:
+    """(path parts, is a directory, bytes) of each member of a ``.tar.gz`` in archive order (bytes None
+    for a directory, a hidden file or one that is no image), after refusing links, absolute or parent
+    paths, special files and members past the size bounds."""
     total = 0
     with tarfile.open(path, mode="r|gz") as tar:
         for member in tar:
@@ -314,7 +316,7 @@ def _archive_members(path: Path) -> Iterator[tuple[tuple[str, ...], bytes | None
             if bad:
                 raise DataError(f"archive {path}: member {member.name!r} is {bad}; fix: repack it without")
             if member.isdir() or not _is_image(parts[-1]) or any(p.startswith(".") for p in parts):
-                yield parts, None
+                yield parts, member.isdir(), None
                 continue
             if member.size > MAX_FILE_BYTES:
                 raise DataError(f"archive {path}: member {member.name} is {member.size} bytes, more than "
@@ -323,7 +325,7 @@ def _archive_members(path: Path) -> Iterator[tuple[tuple[str, ...], bytes | None
             if total > MAX_ARCHIVE_BYTES:
                 raise DataError(f"archive {path} unpacks to more than {MAX_ARCHIVE_BYTES} bytes")
             handle = tar.extractfile(member)
-            yield parts, handle.read() if handle is not None else b""
+            yield parts, False, handle.read() if handle is not None else b""
 
 
 def _archive_items(path: Path, classes: dict[str, list[str]]) -> Iterator[tuple[str, str, str, bytes]]:
@@ -331,7 +333,7 @@ def _archive_items(path: Path, classes: dict[str, list[str]]) -> Iterator[tuple[
     folders seen in each split) as it goes. An optional single top folder holds train/ and test/."""
     tops: set[str] = set()
     seen: set[tuple[str, ...]] = set()
-    for parts, data in _archive_members(path):
+    for parts, is_dir, data in _archive_members(path):
         rest = parts if parts and parts[0] in SPLITS else parts[1:]
         if not rest or rest[0] not in SPLITS:
             continue  # outside the splits (a README beside them)
@@ -343,7 +345,7 @@ def _archive_items(path: Path, classes: dict[str, list[str]]) -> Iterator[tuple[
             raise DataError(
                 f"archive {path}: image {'/'.join(parts)} is outside class folders; {_SPLIT_LAYOUT}"
             )
-        if len(rest) >= 2 and not rest[1].startswith("."):
+        if (len(rest) > 2 or is_dir) and len(rest) > 1 and not rest[1].startswith("."):  # a class folder
             classes.setdefault(rest[0], [])
             if rest[1] not in classes[rest[0]]:
                 classes[rest[0]].append(rest[1])

@@ -100,6 +100,7 @@ def test_resize_scales_and_centre_crops_any_size_to_one_square(tmp_path: Path) -
 def test_tar_and_folder_give_identical_arrays(tmp_path: Path) -> None:
     folder = make_split_folder(tmp_path / "photos", suffix=".jpg")
     (folder / "README.txt").write_text("not an image: skipped")
+    (folder / "train" / "notes.txt").write_text("not an image, nor a class folder")
     (folder / "train" / "cat" / ".hidden.jpg").write_bytes(b"skipped as a folder skips it")
     archive = make_tar(folder, tmp_path / "photos.tar.gz")
     from_folder, from_tar = read_split_images(folder), read_split_images(archive)
