@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from common.errors import ConfigError
 from export.bundle import read_bundle
 from export.onnx_export import read_deploy
 from server_kit.cli import main
+from server_kit.simulate import SimulateConfig
 
 COLOURS = {"blue": (20, 40, 220), "green": (30, 200, 40), "red": (210, 30, 30)}
 
@@ -56,3 +58,25 @@ def test_a_colour_folder_federates_end_to_end(federation):
     # one colour per class: learnt from each client's share of the classes (chance is 1/3), and the global
     # model, distilled from the clients without their images, tells the three colours apart too
     assert results["mean_client_test_accuracy"] > 0.6 and results["global_accuracy"] > 0.5
+
+
+def test_image_size_is_refused_where_it_does_not_apply(tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"image_size applies to the folder dataset .* got it with 'mnist'"):
+        SimulateConfig(dataset="mnist", out_dir=tmp_path, image_size=8)
+    assert (
+        SimulateConfig(dataset="folder", data_root=str(tmp_path), out_dir=tmp_path, image_size=8).image_size
+        == 8
+    )
+    argv = ["simulate", "--dataset", "digits", "--image-size", "8", "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert "image_size applies to the folder dataset" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_flower_refuses_an_image_size_it_cannot_send(tmp_path):
+    pytest.importorskip("flwr")
+    from server_kit.flower_server import FlowerServerConfig
+
+    federation = SimulateConfig(dataset="folder", data_root=str(tmp_path), out_dir=tmp_path, image_size=8)
+    with pytest.raises(ConfigError, match="image_size does not travel to Flower nodes"):
+        FlowerServerConfig(federation=federation)
