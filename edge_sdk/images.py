@@ -14,8 +14,8 @@ are converted where that is well defined (palette, alpha, CMYK, ... -> RGB; 1-bi
 16-bit grey -> 8-bit grey); the set is grey only when every image is.
 
 The cache (:func:`load_split_images`): one ``.npz`` per source under :func:`cache_dir`, keyed by the
-source's path, size and modification time (every listed file's, for a folder), the resize and
-:data:`READER_VERSION`, so a changed source is decoded again and its stale cache removed.
+source's path, size and modification time (every listed file's, for a folder), the resize,
+:data:`READER_VERSION` and Pillow's version, so a changed source is decoded again and its stale cache removed.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+import PIL
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from common.checks import check_int
@@ -110,11 +111,11 @@ def decode_image(source: Path | bytes, where: str, *, image_size: int | None = N
     """One image file as uint8 pixels, ``H x W`` (grey) or ``H x W x 3`` (colour); with ``image_size``,
     scaled and centre-cropped to ``image_size`` square. ``where`` names the file in errors."""
     fix = "fix: replace or delete the file"
-    if isinstance(source, Path):
-        size = source.stat().st_size
+    size = -1
+    try:
+        size = len(source) if isinstance(source, bytes) else source.stat().st_size
         if size > MAX_FILE_BYTES:
             raise DataError(f"image {where} is {size} bytes, more than {MAX_FILE_BYTES}; {fix}")
-    try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Pillow's palette-transparency and bomb warnings: checked here
             with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
@@ -132,15 +133,12 @@ def decode_image(source: Path | bytes, where: str, *, image_size: int | None = N
         if isinstance(err, DataError):
             raise
         what = "not an image" if isinstance(err, UnidentifiedImageError) else str(err) or type(err).__name__
-        empty = " (0 bytes)" if isinstance(source, bytes | Path) and _size(source) == 0 else ""
-        raise DataError(f"cannot read image {where}{empty}: {what}; {fix}") from err
+        raise DataError(
+            f"cannot read image {where}{' (0 bytes)' if size == 0 else ''}: {what}; {fix}"
+        ) from err
     if image_size is not None and img.size != (image_size, image_size):
         img = ImageOps.fit(img, (image_size, image_size), method=Image.Resampling.BICUBIC)
     return np.asarray(img, dtype=np.uint8)
-
-
-def _size(source: Path | bytes) -> int:
-    return len(source) if isinstance(source, bytes) else source.stat().st_size
 
 
 def _eight_bit(img: Image.Image, where: str) -> Image.Image:
@@ -423,11 +421,13 @@ def load_split_images(source: Path, split: str, *, image_size: int | None = None
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if image_size is not None:
         image_size = check_int("image_size", image_size, 1)
-    key = json.dumps(
-        {"source": source_key(source), "image_size": image_size, "reader": READER_VERSION}, sort_keys=True
-    )
+    # Pillow's version too: another JPEG decoder may give other pixels for the same file
+    inputs = {"source": source_key(source), "image_size": image_size, "reader": READER_VERSION}
+    key = json.dumps(inputs | {"pillow": PIL.__version__}, sort_keys=True)
+    # named by the source and size (a later decode of them replaces it), then by the whole key
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in source.resolve().name)[:48]
-    stem = f"{slug}-{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]}"
+    where = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
+    stem = f"{slug}-{f's{image_size}' if image_size else 'full'}-{where}"
     path = cache_dir() / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
     cached = _read_cache(path, key, split)
     if cached is not None:
