@@ -53,6 +53,7 @@ from edge_sdk.data import (
     partition,
     partition_settings,
 )
+from edge_sdk.images import cache_dir
 from edge_sdk.precision import Precision, check_precision
 from edge_sdk.profiling import usable_threads
 from edge_sdk.roles import resolve_role
@@ -493,6 +494,8 @@ def simulate(config: SimulateConfig) -> SimulateResult:
                     release_memory()
                 else:
                     pool.submit(_partition, config, out / "data").result()
+                    if "source" in _partition_settings(config):  # the worker's own log lines are not shown
+                        log.info("the images a worker decoded are cached in %s", cache_dir())
             names_on_disk = _client_names(config.num_clients)
             data_paths = [out / "data" / f"{name}.npz" for name in names_on_disk]
 
