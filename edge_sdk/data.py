@@ -8,9 +8,9 @@ Datasets: ``mnist``, ``fashionmnist``, ``cifar10`` and ``svhn`` are read through
 torchvision-layout root (nothing is downloaded unless asked); ``cifar10`` also from its JPEG copy
 (``cifar10-jpeg.tar.gz`` or its unpacked ``cifar10-jpeg/`` in the root); ``folder`` is a user's own
 images, a folder (or ``.tar.gz``) with ``train/<class>/`` and ``test/<class>/``, resized to
-``image_size`` when given. Image files are decoded by :mod:`edge_sdk.images`, once: later loads read its
-cache. ``digits`` is scikit-learn's bundled 8x8 digits, which needs no files at all (tests and quick
-runs use it).
+``image_size`` when given. Image files are decoded by :mod:`edge_sdk.images`, once
+(:mod:`edge_sdk.image_cache`): later loads read the cache. ``digits`` is scikit-learn's bundled 8x8
+digits, which needs no files at all (tests and quick runs use it).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import torch
 
 from common.checks import check_int
 from common.errors import ConfigError, DataError
-from edge_sdk.images import ImageSet, load_split_images, read_image_folder, source_key
+from edge_sdk.image_cache import load_split_images
+from edge_sdk.images import ImageSet, read_image_folder, source_key
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.metadata import UNKNOWN_CLASS, InputSpec, check_class_names, deploy_metadata, index_class_names
 from export.onnx_export import INPUT_NAME

@@ -1,5 +1,5 @@
 """Image files as uint8 arrays: a client's image folder, a data set's train/test folder or ``.tar.gz``
-(a user's photos, CIFAR-10's JPEG copy), and the cache that decodes such a data set once.
+(a user's photos, CIFAR-10's JPEG copy). :mod:`edge_sdk.image_cache` decodes such a data set once.
 
 Layouts: a client's folder is ``<class>/<image>``; a data set is ``[<top>/]train/<class>/<image>`` and
 ``[<top>/]test/<class>/<image>``, as a folder or a ``.tar.gz`` read member by member (nothing unpacked
@@ -12,22 +12,15 @@ header, before any pixel is decoded) are bounded; an archive's links, absolute o
 special files are refused. A file that cannot be read is one :class:`DataError` naming it. Pixel modes
 are converted where that is well defined (palette, alpha, CMYK, ... -> RGB; 1-bit, grey with alpha and
 16-bit grey -> 8-bit grey); the set is grey only when every image is.
-
-The cache (:func:`load_split_images`): one ``.npz`` per source under :func:`cache_dir`, keyed by the
-source's path, size and modification time (every listed file's, for a folder), the resize,
-:data:`READER_VERSION` and Pillow's version, so a changed source is decoded again and its stale cache removed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
-import os
 import tarfile
 import warnings
-import zipfile
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -35,25 +28,18 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
-import PIL
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from common.checks import check_int
 from common.errors import DataError
-from export.atomic import atomic_file
 
 __all__ = [
-    "CACHE_ENV",
     "IMAGE_SUFFIXES",
     "MAX_FILE_BYTES",
     "MAX_IMAGES",
     "MAX_IMAGE_PIXELS",
-    "READER_VERSION",
     "SPLITS",
     "ImageSet",
-    "cache_dir",
     "decode_image",
-    "load_split_images",
     "read_image_folder",
     "read_split_images",
     "source_key",
@@ -71,10 +57,6 @@ MAX_IMAGE_PIXELS = 50_000_000  # width x height of one image, read from its head
 MAX_FILE_BYTES = 64 * 2**20  # one image file or archive member
 MAX_ARCHIVE_BYTES = 32 * 2**30  # all members of an archive together (a gzip bomb stops here)
 MAX_DATASET_BYTES = 16 * 2**30  # the decoded arrays of one data set (counted as 3 channels)
-# Bumped when the decoded pixels of an unchanged source would differ: older caches are then not reused.
-READER_VERSION = 1
-# Where the decoded caches go instead of $XDG_CACHE_HOME/oneshot-fl-edge (or ~/.cache/oneshot-fl-edge).
-CACHE_ENV = "ONESHOT_FL_EDGE_CACHE"
 _EMPTY = np.empty(0, dtype=np.uint8)
 GREY = frozenset({"1", "L", "LA", "La"})
 SIXTEEN_BIT_GREY = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
@@ -384,20 +366,6 @@ def read_split_images(source: Path, *, image_size: int | None = None) -> dict[st
     return splits
 
 
-# --- the cache -----------------------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """The folder of the decoded caches: ``$ONESHOT_FL_EDGE_CACHE/images`` when that is set, else
-    ``$XDG_CACHE_HOME/oneshot-fl-edge/images`` (``~/.cache`` without it). Deleting it only costs a decode."""
-    root = os.environ.get(CACHE_ENV, "").strip()
-    if root:
-        return Path(root).expanduser() / "images"
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "oneshot-fl-edge" / "images"
-
-
 def source_key(source: Path) -> dict[str, Any]:
     """What a data set's decoded images are a function of, as far as its files go: the path, and the
     size and modification time of the archive or of every image file of the folder."""
@@ -411,70 +379,3 @@ def source_key(source: Path) -> dict[str, Any]:
         stat = f.stat()
         digest.update(f"{f.relative_to(path).as_posix()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
     return {"path": str(path), "files": len(files), "listing_sha256": digest.hexdigest()}
-
-
-def load_split_images(source: Path, split: str, *, image_size: int | None = None) -> ImageSet:
-    """One split of :func:`read_split_images` through the cache: both splits decoded once into one
-    ``.npz`` under :func:`cache_dir` (its place is logged), then each read back from it alone while the
-    source, resize and reader are unchanged."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if image_size is not None:
-        image_size = check_int("image_size", image_size, 1)
-    # Pillow's version too: another JPEG decoder may give other pixels for the same file
-    inputs = {"source": source_key(source), "image_size": image_size, "reader": READER_VERSION}
-    key = json.dumps(inputs | {"pillow": PIL.__version__}, sort_keys=True)
-    # named by the source and size (a later decode of them replaces it), then by the whole key
-    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in source.resolve().name)[:48]
-    where = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
-    stem = f"{slug}-{f's{image_size}' if image_size else 'full'}-{where}"
-    path = cache_dir() / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
-    cached = _read_cache(path, key, split)
-    if cached is not None:
-        logger.info("read %s decoded from the cache %s (delete it to decode again)", source, path)
-        return cached
-    logger.info("decoding %s once; the arrays go to the cache %s", source, path)
-    splits = read_split_images(source, image_size=image_size)
-    _write_cache(path, key, splits)
-    for stale in path.parent.glob(f"{stem}-*.npz"):  # decodes of an earlier version of this source
-        if stale != path:
-            stale.unlink(missing_ok=True)
-    return splits[split]
-
-
-def _write_cache(path: Path, key: str, splits: dict[str, ImageSet]) -> None:
-    arrays: dict[str, np.ndarray] = {"key": np.array(key)}
-    for split, images in splits.items():
-        arrays |= {f"x_{split}": images.x, f"y_{split}": images.y}
-    first = splits[SPLITS[0]]
-    arrays["num_classes"] = np.int64(first.num_classes)
-    if first.class_names is not None:
-        arrays["class_names"] = np.array(first.class_names, dtype=np.str_)
-    try:
-        with atomic_file(path) as fh:
-            np.savez(fh, **arrays)
-    except OSError as err:  # a read-only or full disk: the run goes on, the next one decodes again
-        logger.warning(
-            "could not write the cache %s (%s); the images will be decoded again next time", path, err
-        )
-
-
-def _read_cache(path: Path, key: str, split: str) -> ImageSet | None:
-    """The ``split`` a cache file holds (its arrays alone read), or None when it is absent, of another key
-    or unreadable (it is then written again: a cache holds nothing that cannot be decoded again)."""
-    if not path.is_file():
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            if str(data["key"]) != key:
-                return None
-            names = tuple(str(n) for n in data["class_names"]) if "class_names" in data.files else None
-            num_classes = int(data["num_classes"])
-            x, y = data[f"x_{split}"], data[f"y_{split}"]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
-        logger.warning("the cache %s is unreadable (%s); decoding again", path, err)
-        return None
-    if x.dtype != np.uint8 or x.ndim != 4 or y.dtype != np.int64 or y.shape != (len(x),):
-        logger.warning("the cache %s holds malformed %s arrays; decoding again", path, split)
-        return None
-    return ImageSet(x, y, num_classes, names)

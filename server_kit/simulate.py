@@ -53,7 +53,7 @@ from edge_sdk.data import (
     partition,
     partition_settings,
 )
-from edge_sdk.images import cache_dir
+from edge_sdk.image_cache import cache_dir
 from edge_sdk.precision import Precision, check_precision
 from edge_sdk.profiling import usable_threads
 from edge_sdk.roles import resolve_role

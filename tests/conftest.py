@@ -8,7 +8,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from edge_sdk.images import CACHE_ENV
+from edge_sdk.image_cache import CACHE_ENV
 
 torch.set_num_threads(1)
 

@@ -16,10 +16,11 @@ import torch
 from PIL import Image
 
 from common.errors import ConfigError, DataError
-from edge_sdk import images
+from edge_sdk import image_cache, images
 from edge_sdk.cli import main as edge_main
 from edge_sdk.data import CLASS_NAMES, load_client_data, load_dataset, partition_settings
-from edge_sdk.images import CACHE_ENV, read_split_images
+from edge_sdk.image_cache import CACHE_ENV
+from edge_sdk.images import read_split_images
 
 CLASSES = ("bird", "cat", "dog")
 
@@ -335,7 +336,7 @@ def test_cache_is_written_once_reused_and_renewed_when_the_source_changes(
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     archive = make_tar(make_split_folder(tmp_path / "photos"), tmp_path / "photos.tar.gz")
-    with caplog.at_level(logging.INFO, logger="edge_sdk.images"):
+    with caplog.at_level(logging.INFO, logger="edge_sdk.image_cache"):
         first = load_dataset("folder", archive)
     files = list((tmp_path / "cache" / "images").glob("*.npz"))
     assert len(files) == 1 and f"the cache {files[0]}" in caplog.text
@@ -344,9 +345,9 @@ def test_cache_is_written_once_reused_and_renewed_when_the_source_changes(
     def no_decode(*args, **kwargs):
         raise AssertionError("decoded again instead of reading the cache")
 
-    monkeypatch.setattr(images, "read_split_images", no_decode)
+    monkeypatch.setattr(image_cache, "read_split_images", no_decode)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="edge_sdk.images"):
+    with caplog.at_level(logging.INFO, logger="edge_sdk.image_cache"):
         again = load_dataset("folder", archive)
         test = load_dataset("folder", archive, split="test")
     assert torch.equal(again.x, first.x) and torch.equal(again.y, first.y) and again.class_names == CLASSES
@@ -375,7 +376,7 @@ def test_a_folder_source_is_keyed_by_its_files_and_a_broken_cache_is_rebuilt(
     load_dataset("folder", folder)
     (cache,) = (tmp_path / "cache" / "images").glob("*.npz")
     cache.write_bytes(b"garbage")
-    with caplog.at_level(logging.WARNING, logger="edge_sdk.images"):
+    with caplog.at_level(logging.WARNING, logger="edge_sdk.image_cache"):
         assert len(load_dataset("folder", folder)) == 12
     assert "is unreadable" in caplog.text and np.load(cache)["x_train"].shape == (12, 3, 5, 6)
     noise(3).save(folder / "test" / "cat" / "0009.png")  # one more test image
@@ -386,12 +387,12 @@ def test_a_folder_source_is_keyed_by_its_files_and_a_broken_cache_is_rebuilt(
 
 def test_cache_folder_follows_xdg_and_the_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
-    assert images.cache_dir() == tmp_path / "mine" / "images"
+    assert image_cache.cache_dir() == tmp_path / "mine" / "images"
     monkeypatch.delenv(CACHE_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert images.cache_dir() == tmp_path / "xdg" / "oneshot-fl-edge" / "images"
+    assert image_cache.cache_dir() == tmp_path / "xdg" / "oneshot-fl-edge" / "images"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert images.cache_dir() == Path.home() / ".cache" / "oneshot-fl-edge" / "images"
+    assert image_cache.cache_dir() == Path.home() / ".cache" / "oneshot-fl-edge" / "images"
 
 
 # ---------------------------------------------------------------- edge-sdk partition
