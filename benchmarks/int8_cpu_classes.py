@@ -72,9 +72,9 @@ def score(args: argparse.Namespace) -> None:
     import onnxruntime as ort
 
     work = Path(args.work)
-    x = np.load(work / "test_x.npy")
+    x = np.load(work / "test_x.npy", mmap_mode="r")[: args.limit]
     preds = {}
-    for path in sorted(work.glob("*.onnx")):
+    for path in sorted(work.glob(f"*.{args.scheme}.onnx")):
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -99,23 +99,24 @@ def summary(args: argparse.Namespace) -> None:
             family, scheme = key.split(".", 1)
             if scheme == "fp32":
                 continue
-            fp32 = ref[f"{family}.fp32"] if ref is not None else preds[f"{family}.fp32"]
+            fp32 = (ref if ref is not None else preds)[f"{family}.fp32"][: len(preds[key])]
             rows.append(
                 {
                     "cpu": cpu,
                     "family": family,
                     "scheme": scheme,
                     "agreement": float((preds[key] == fp32).mean()),
-                    "int8_acc": float((preds[key] == y).mean()),
-                    "fp32_acc": float((fp32 == y).mean()),
+                    "images": len(preds[key]),
+                    "int8_acc": float((preds[key] == y[: len(fp32)]).mean()),
+                    "fp32_acc": float((fp32 == y[: len(fp32)]).mean()),
                 }
             )
     (work / "summary.json").write_text(json.dumps(rows, indent=1))
-    print("| CPU class | family | scheme | agreement with fp32 | int8 top-1 | fp32 top-1 |")
-    print("|---|---|---|---|---|---|")
+    print("| CPU class | family | scheme | test images | agreement with fp32 | int8 top-1 | fp32 top-1 |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['cpu']} | {r['family']} | {r['scheme']} | {100 * r['agreement']:.2f} % "
+            f"| {r['cpu']} | {r['family']} | {r['scheme']} | {r['images']} | {100 * r['agreement']:.2f} % "
             f"| {100 * r['int8_acc']:.2f} % | {100 * r['fp32_acc']:.2f} % |"
         )
 
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("score", help="predict the test set with every model, on this CPU")
     s.add_argument("work")
     s.add_argument("cpu_class")
+    s.add_argument("--scheme", default="*", help="score only this scheme's models (fp32, u8s7, ...)")
+    s.add_argument("--limit", type=int, default=None, help="score only the first N test images")
     m = sub.add_parser("summary", help="agreement table over every scored CPU class")
     m.add_argument("work")
     args = parser.parse_args(argv)
