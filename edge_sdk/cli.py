@@ -85,7 +85,11 @@ def search_config(args: argparse.Namespace, given: Mapping[str, Any], base: Any 
 def load_data(args: argparse.Namespace):  # -> ArrayDataset
     from edge_sdk.data import load_client_data
 
-    return load_client_data(args.data, num_classes=getattr(args, "num_classes", None))
+    return load_client_data(
+        args.data,
+        num_classes=getattr(args, "num_classes", None),
+        image_size=getattr(args, "image_size", None),
+    )
 
 
 # the options --help lists (the others are for experts: --help-all): of `search` (the search configs' fields)
@@ -109,6 +113,7 @@ def cmd_partition(args: argparse.Namespace) -> Output:
         out_dir=args.out,
         min_size=args.min_size,
         download=args.download,
+        image_size=args.image_size,
     )
     lines = [f"wrote {len(result.client_paths)} client files + {result.test_path.name} to {args.out}"]
     for path, hist in zip(result.client_paths, result.label_histogram, strict=True):
@@ -338,8 +343,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "partition", cmd_partition, "Dirichlet label-skew partition of a dataset into client .npz files"
     )
-    p.add_argument("--dataset", required=True, help="mnist, fashionmnist, cifar10, svhn or digits")
-    p.add_argument("--data-root", help="torchvision-layout dataset root (not needed for digits)")
+    p.add_argument(
+        "--dataset",
+        required=True,
+        help="mnist, fashionmnist, cifar10, svhn, digits, or folder (your own images)",
+    )
+    p.add_argument(
+        "--data-root",
+        help="the dataset's root (not needed for digits): torchvision's layout, a folder holding "
+        "cifar10-jpeg.tar.gz, or for folder, a folder (or .tar.gz) with train/<class>/ and test/<class>/",
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        help="folder only: scale and centre-crop every image to this square size (else all must share one)",
+    )
     p.add_argument("--num-clients", type=int, required=True, help="client files to write (>= 1)")
     p.add_argument(
         "--alpha", type=float, required=True, help="Dirichlet concentration (> 0; smaller = more skew)"
@@ -360,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     def data_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data", required=True, help="client data: .npz (x, y) or an image folder")
         p.add_argument("--num-classes", type=int, help="class count when the data file does not record it")
+        p.add_argument(
+            "--image-size", type=int, help="an image folder's images scaled and centre-cropped to this square"
+        )
 
     def training_args(p: argparse.ArgumentParser) -> None:
         """search and train take no config class: their few options are declared here."""

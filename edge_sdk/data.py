@@ -5,7 +5,11 @@ Everything is held as tensors in memory: uint8 ``N x C x H x W`` images and int6
 instead of decoding one PIL image per sample, and a client's whole data set is one ``.npz`` file.
 
 Datasets: ``mnist``, ``fashionmnist``, ``cifar10`` and ``svhn`` are read through torchvision from a
-torchvision-layout root (nothing is downloaded unless asked); ``digits`` is scikit-learn's bundled 8x8
+torchvision-layout root (nothing is downloaded unless asked); ``cifar10`` also from its JPEG copy
+(``cifar10-jpeg.tar.gz`` or its unpacked ``cifar10-jpeg/`` in the root); ``folder`` is a user's own
+images, a folder (or ``.tar.gz``) with ``train/<class>/`` and ``test/<class>/``, resized to
+``image_size`` when given. Image files are decoded by :mod:`edge_sdk.images`, once
+(:mod:`edge_sdk.image_cache`): later loads read the cache. ``digits`` is scikit-learn's bundled 8x8
 digits, which needs no files at all (tests and quick runs use it).
 """
 
@@ -26,6 +30,8 @@ import torch
 
 from common.checks import check_int
 from common.errors import ConfigError, DataError
+from edge_sdk.image_cache import load_split_images
+from edge_sdk.images import ImageSet, read_image_folder, source_key
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.metadata import UNKNOWN_CLASS, InputSpec, check_class_names, deploy_metadata, index_class_names
 from export.onnx_export import INPUT_NAME
@@ -40,9 +46,11 @@ __all__ = [
     "SCHEME",
     "ArrayDataset",
     "PartitionResult",
+    "check_image_size",
     "client_datasets",
     "client_name",
     "data_sha256",
+    "dataset_source",
     "deploy_metadata_for",
     "dirichlet_partition",
     "load_client_data",
@@ -53,7 +61,7 @@ __all__ = [
     "split_train_val",
 ]
 
-DATASETS: tuple[str, ...] = ("mnist", "fashionmnist", "cifar10", "svhn", "digits")
+DATASETS: tuple[str, ...] = ("mnist", "fashionmnist", "cifar10", "svhn", "digits", "folder")
 SPLITS = ("train", "test")
 # scikit-learn's digits has no official split: a stratified 75/25 split with this fixed seed stands in.
 DIGITS_TEST_FRACTION = 0.25
@@ -62,8 +70,9 @@ DIGITS_SPLIT_SEED = 0
 # an exported ONNX model needs no preprocessing beyond that division. Every architecture family uses these.
 PIXEL_MEAN = 0.5
 PIXEL_STD = 0.5
-# Class names, one per label in label order, of each dataset (torchvision's ``classes``; SVHN's labels are
-# its digits, "0" stored as label 0). They travel with the data (client files) into every exported model.
+# Class names, one per label in label order, of each named dataset (torchvision's ``classes``; SVHN's labels
+# are its digits, "0" stored as label 0; a folder's are its class folders'). They travel with the data
+# (client files) into every exported model.
 CLASS_NAMES: dict[str, tuple[str, ...]] = {
     "digits": index_class_names(10),
     "mnist": index_class_names(10),
@@ -79,10 +88,9 @@ CLASS_NAMES: dict[str, tuple[str, ...]] = {
 SCHEME = (
     "dirichlet-label-skew (FedDF / NIID-bench: per-class Dir(alpha) over clients, cap N/K, min-size retry)"
 )
-IMAGE_SUFFIXES = frozenset(
-    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm"}
-)
-GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "F"})
+# CIFAR-10's JPEG copy in a data root (image-folder layout, see edge_sdk.images), beside or instead of
+# torchvision's cifar-10-batches-py/, which is read first where present (the original pixels)
+CIFAR10_JPEG = "cifar10-jpeg"
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,8 +207,25 @@ def deploy_metadata_for(
 def _check_name(name: str) -> str:
     key = str(name).lower().replace("-", "").replace("_", "")
     if key not in DATASETS:
-        raise ConfigError(f"unknown dataset {name!r}; expected one of {list(DATASETS)}")
+        raise ConfigError(
+            f"unknown dataset {name!r}; expected one of {list(DATASETS)} "
+            "(folder: your own images, with --data-root PATH holding train/<class>/ and test/<class>/)"
+        )
     return key
+
+
+def check_image_size(dataset: str, image_size: int | None) -> int | None:
+    """``image_size`` (the side every image of a ``folder`` dataset is resized to) validated: a positive
+    integer, and refused with the other datasets, whose images have their size."""
+    if image_size is None:
+        return None
+    image_size = check_int("image_size", image_size, 1)
+    if _check_name(dataset) != "folder":
+        raise ConfigError(
+            f"image_size applies to the folder dataset (your own images), got it with {dataset!r}; "
+            "fix: drop --image-size"
+        )
+    return image_size
 
 
 def _load_digits(split: str) -> ArrayDataset:
@@ -224,7 +249,8 @@ def _load_torchvision(name: str, root: Path, split: str, download: bool) -> Arra
     train = split == "train"
     hint = (
         f"pass --download to fetch it into {root}, or pass the right --data-root "
-        "(a torchvision-layout folder, e.g. one holding MNIST/raw/)"
+        "(a torchvision-layout folder, e.g. one holding MNIST/raw/"
+        f"{'; or one holding cifar10-jpeg.tar.gz' if name == 'cifar10' else ''})"
     )
     if not download and not root.is_dir():
         raise DataError(f"data root {root} does not exist; {hint}")
@@ -252,21 +278,80 @@ def _load_torchvision(name: str, root: Path, split: str, download: bool) -> Arra
     return ArrayDataset(x.contiguous(), y, 10, CLASS_NAMES[name])
 
 
+def _image_source(key: str, root: Path, download: bool) -> Path | None:
+    """The folder or archive of decoded-image files a dataset is read from, None for torchvision's files:
+    ``folder``'s root itself; for ``cifar10``, its JPEG copy (``cifar10-jpeg/``, ``cifar10-jpeg.tar.gz``,
+    or the root being one of them) where the root has no torchvision ``cifar-10-batches-py/``."""
+    if key == "folder":
+        if not root.exists():
+            raise DataError(
+                f"data root {root} does not exist; pass --data-root PATH: a folder (or .tar.gz) holding "
+                "train/<class>/ and test/<class>/ image folders"
+            )
+        return root
+    if key != "cifar10" or download or (root / "cifar-10-batches-py").is_dir():
+        return None
+    for candidate in (root / CIFAR10_JPEG, root / f"{CIFAR10_JPEG}.tar.gz", root):
+        is_archive = candidate.is_file() and candidate.name.endswith((".tar.gz", ".tgz"))
+        if is_archive or ((candidate / "train").is_dir() and (candidate / "test").is_dir()):
+            return candidate
+    return None
+
+
+def _load_images(key: str, source: Path, split: str, image_size: int | None) -> ArrayDataset:
+    images: ImageSet = load_split_images(source, split, image_size=image_size)
+    if key == "cifar10" and images.class_names != CLASS_NAMES["cifar10"]:
+        raise DataError(
+            f"{source} is not CIFAR-10: expected the class folders {list(CLASS_NAMES['cifar10'])}, got "
+            f"{list(images.class_names or ())[:12]}; fix: pass the CIFAR-10 JPEG copy, or --dataset folder"
+        )
+    return ArrayDataset(
+        torch.from_numpy(images.x), torch.from_numpy(images.y), images.num_classes, images.class_names
+    )
+
+
 def load_dataset(
-    name: str, root: str | Path | None = None, *, split: str = "train", download: bool = False
+    name: str,
+    root: str | Path | None = None,
+    *,
+    split: str = "train",
+    download: bool = False,
+    image_size: int | None = None,
 ) -> ArrayDataset:
-    """Load one split of a benchmark dataset as tensors (``root`` is ignored for ``digits``)."""
+    """Load one split of a dataset as tensors (``root`` is ignored for ``digits``; ``image_size``
+    applies to ``folder``, see :func:`check_image_size`)."""
     key = _check_name(name)
+    image_size = check_image_size(key, image_size)
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
     if key == "digits":
         return _load_digits(split)
     if root is None:
+        if key == "folder":
+            raise DataError(
+                "dataset 'folder' needs a data root: pass --data-root PATH, a folder (or .tar.gz) holding "
+                "train/<class>/ and test/<class>/ image folders"
+            )
         raise DataError(
-            f"dataset {name!r} needs a data root: pass --data-root DIR (torchvision layout), "
-            "with --download to fetch it there"
+            f"dataset {name!r} needs a data root: pass --data-root DIR (torchvision layout"
+            f"{', or holding cifar10-jpeg.tar.gz' if key == 'cifar10' else ''}), with --download to fetch "
+            "it there"
         )
-    return _load_torchvision(key, Path(root).expanduser(), split, download)
+    root = Path(root).expanduser()
+    source = _image_source(key, root, download)
+    if source is not None:
+        return _load_images(key, source, split, image_size)
+    return _load_torchvision(key, root, split, download)
+
+
+def dataset_source(name: str, root: str | Path | None) -> dict[str, Any] | None:
+    """What a dataset's data is, where it is decoded from image files (:func:`edge_sdk.images.source_key`:
+    their path, sizes and times); None for digits and torchvision's files. A partition records it."""
+    key = _check_name(name)
+    if key == "digits" or root is None:
+        return None
+    source = _image_source(key, Path(root).expanduser(), download=False)
+    return None if source is None else source_key(source)
 
 
 def _check_alpha(alpha: float) -> float:
@@ -451,70 +536,37 @@ def _load_npz(path: Path, num_classes: int | None) -> ArrayDataset:
     )
 
 
-def _load_image_folder(root: Path, num_classes: int | None) -> ArrayDataset:
-    """One sub-folder per class (integer names are class indices, other names are sorted)."""
-    from PIL import Image, UnidentifiedImageError
-
-    layout = "expected one sub-folder per class holding same-size images (e.g. data/0/a.png, data/1/b.png)"
-    entries = sorted(p for p in root.iterdir() if not p.name.startswith("."))
-    stray = [p.name for p in entries if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
-    if stray:
-        raise DataError(f"image folder {root} has images outside class folders ({stray[:3]}); {layout}")
-    folders = [p for p in entries if p.is_dir()]
-    if not folders:
-        raise DataError(f"image folder {root} has no class sub-folders; {layout}")
-    names: tuple[str, ...] | None = None
-    if all(p.name.isdigit() for p in folders):
-        classes = {p: int(p.name) for p in folders}
-    else:
-        classes = {p: i for i, p in enumerate(folders)}
-        names = tuple(p.name for p in folders)  # the folders name the classes, in label order
-    files = [
-        (f, label)
-        for folder, label in classes.items()
-        for f in sorted(folder.iterdir())
-        if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in IMAGE_SUFFIXES
-    ]
-    if not files:
-        raise DataError(f"image folder {root} holds no images ({sorted(IMAGE_SUFFIXES)}); {layout}")
-    images = []
-    try:
-        for f, _ in files:
-            with Image.open(f) as img:
-                img.load()
-                images.append(img.copy())
-    except (OSError, UnidentifiedImageError) as err:
-        raise DataError(f"cannot read image {f} ({err})") from err
-    size = images[0].size
-    for (f, _), img in zip(files, images, strict=True):
-        if img.size != size:
-            raise DataError(
-                f"image {f} is {img.size[0]}x{img.size[1]}, others are {size[0]}x{size[1]}; {layout}"
-            )
-    # Grey only when every image is grey, so one colour image makes the whole set RGB (consistent channels).
-    mode = "L" if all(img.mode in GREY_MODES for img in images) else "RGB"
-    arrays = [np.asarray(img.convert(mode), dtype=np.uint8) for img in images]
-    x = np.stack(arrays)[:, None] if mode == "L" else np.stack(arrays).transpose(0, 3, 1, 2)
-    y = np.array([label for _, label in files], dtype=np.int64)
+def _load_image_folder(root: Path, num_classes: int | None, image_size: int | None) -> ArrayDataset:
+    """One sub-folder per class (integer names are class indices, other names are sorted), decoded by
+    :func:`edge_sdk.images.read_image_folder`; ``num_classes`` (the federation's count) over the folders'."""
+    images = read_image_folder(root, image_size=image_size)
+    names = images.class_names
     if num_classes is None:
-        num_classes = max(classes.values()) + 1
+        num_classes = images.num_classes
     if names is not None and len(names) != num_classes:
         names = None  # a federation's count (num_classes) over this device's folders: the others unnamed
-    return ArrayDataset(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y), num_classes, names)
+    return ArrayDataset(torch.from_numpy(images.x), torch.from_numpy(images.y), num_classes, names)
 
 
-def load_client_data(path: str | Path, *, num_classes: int | None = None) -> ArrayDataset:
+def load_client_data(
+    path: str | Path, *, num_classes: int | None = None, image_size: int | None = None
+) -> ArrayDataset:
     """Read a client's data: an ``.npz`` file (see :func:`save_client_data`) or an image-folder directory.
 
-    ``num_classes`` (the federation's class count) overrides the count stored in or inferred from the data.
+    ``num_classes`` (the federation's class count) overrides the count stored in or inferred from the data;
+    ``image_size`` resizes an image folder's images to that square (an ``.npz`` holds its size: refused).
     """
     path = Path(path).expanduser()
     if num_classes is not None:
         num_classes = check_int("num_classes", num_classes, 1)
+    if image_size is not None:
+        image_size = check_int("image_size", image_size, 1)
     if not path.exists():
         raise DataError(f"client data {path} does not exist; pass an .npz file or an image-folder directory")
     if path.is_dir():
-        return _load_image_folder(path, num_classes)
+        return _load_image_folder(path, num_classes, image_size)
+    if image_size is not None:
+        raise ConfigError(f"image_size applies to an image folder, got the file {path}; drop --image-size")
     return _load_npz(path, num_classes)
 
 
@@ -529,11 +581,20 @@ class PartitionResult:
 
 
 def partition_settings(
-    dataset: str, *, num_clients: int, alpha: float, seed: int, min_size: int = 10
+    dataset: str,
+    *,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    min_size: int = 10,
+    data_root: str | Path | None = None,
+    image_size: int | None = None,
 ) -> dict[str, Any]:
     """The settings a partition is a function of, validated and normalised as ``partition.json`` records
-    them (the dataset's key, the scheme): a rerun compares them to reuse the files or partition again."""
-    return {
+    them (the dataset's key, the scheme): a rerun compares them to reuse the files or partition again.
+    Data decoded from image files adds its ``source`` (:func:`dataset_source`: a changed folder or archive
+    partitions again) and ``image_size`` when given."""
+    settings = {
         "scheme": SCHEME,
         "dataset": _check_name(dataset),
         "num_clients": check_int("num_clients", num_clients, 1),
@@ -541,6 +602,10 @@ def partition_settings(
         "seed": check_int("seed", seed, 0),
         "min_size": check_int("min_size", min_size, 0),
     }
+    if image_size is not None:
+        settings["image_size"] = check_image_size(dataset, image_size)
+    source = dataset_source(dataset, data_root)
+    return settings | ({"source": source} if source is not None else {})
 
 
 def client_datasets(
@@ -552,12 +617,16 @@ def client_datasets(
     seed: int,
     min_size: int = 10,
     download: bool = False,
+    image_size: int | None = None,
 ) -> list[ArrayDataset]:
     """Every client's split of the dataset's train split, in memory: what :func:`partition` writes to
     ``client_*.npz`` (the same settings give the same tensors), for a node that partitions for itself
     (a Flower SuperNode given only its ``partition-id``)."""
-    settings = partition_settings(dataset, num_clients=num_clients, alpha=alpha, seed=seed, min_size=min_size)
-    return _split(load_dataset(settings["dataset"], data_root, split="train", download=download), settings)
+    settings = partition_settings(
+        dataset, num_clients=num_clients, alpha=alpha, seed=seed, min_size=min_size, image_size=image_size
+    )
+    train = load_dataset(dataset, data_root, split="train", download=download, image_size=image_size)
+    return _split(train, settings)
 
 
 def _split(train: ArrayDataset, settings: dict[str, Any]) -> list[ArrayDataset]:
@@ -581,6 +650,7 @@ def partition(
     out_dir: str | Path,
     min_size: int = 10,
     download: bool = False,
+    image_size: int | None = None,
 ) -> PartitionResult:
     """Partition a dataset's train split among clients (:func:`dirichlet_partition`) and write the files.
 
@@ -589,14 +659,22 @@ def partition(
     atomically and the manifest last (an earlier manifest is removed first), so a directory whose
     ``partition.json`` exists is complete. Stale ``client_*.npz`` files of an earlier run are removed.
     """
-    settings = partition_settings(dataset, num_clients=num_clients, alpha=alpha, seed=seed, min_size=min_size)
+    settings = partition_settings(
+        dataset,
+        num_clients=num_clients,
+        alpha=alpha,
+        seed=seed,
+        min_size=min_size,
+        data_root=data_root,
+        image_size=image_size,
+    )
     key, num_clients = settings["dataset"], settings["num_clients"]
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out_dir must be a directory, got the file {out}")
 
-    train = load_dataset(key, data_root, split="train", download=download)
-    test = load_dataset(key, data_root, split="test", download=download)
+    train = load_dataset(key, data_root, split="train", download=download, image_size=image_size)
+    test = load_dataset(key, data_root, split="test", download=download, image_size=image_size)
     clients = _split(train, settings)
     histogram = tuple(tuple(c.label_counts()) for c in clients)
     names = [f"{client_name(i, num_clients)}.npz" for i in range(num_clients)]

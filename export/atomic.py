@@ -7,13 +7,16 @@ POSIX and Windows).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 __all__ = [
+    "atomic_file",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
@@ -21,20 +24,28 @@ __all__ = [
 ]
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` through, streamed (for outputs too large to hold as one bytes
+    object); it replaces ``path`` only when the block ends without an error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    with atomic_file(path) as fh:
+        fh.write(data)
+    return Path(path)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

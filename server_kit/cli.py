@@ -327,8 +327,8 @@ def _build_aggregate(p: argparse.ArgumentParser) -> None:
 
 # the federation's options --help lists, beside the server's (SERVER_COMMON); the rest: --help-all
 SIMULATE_COMMON = (
-    *("dataset", "data_root", "num_clients", "alpha", "seed", "profiles", "jobs", "device", "precision"),
-    *("resume", "search.final_epochs", "cvae.epochs"),
+    *("dataset", "data_root", "image_size", "num_clients", "alpha", "seed", "profiles", "jobs"),
+    *("device", "precision", "resume", "search.final_epochs", "cvae.epochs"),
     *(f"aggregate.{name}" for name in SERVER_COMMON if name != "seed"),  # the server's seed is --seed
 )
 

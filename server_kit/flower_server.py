@@ -92,6 +92,11 @@ class FlowerServerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.federation, SimulateConfig):
             raise ConfigError(f"federation must be a SimulateConfig, got {type(self.federation).__name__}")
+        if self.federation.image_size is not None:
+            raise ConfigError(
+                "image_size does not travel to Flower nodes; fix: resize the images to one size beforehand "
+                "and drop image_size, or run the federation with server-kit simulate"
+            )
         check_int("max_bundle_bytes", self.max_bundle_bytes, 1, MAX_BUNDLE_BYTES)
         check_number("wait_nodes_s", self.wait_nodes_s, positive=True)
         check_number("timeout_s", self.timeout_s, positive=True)

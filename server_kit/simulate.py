@@ -46,7 +46,15 @@ from common.errors import ConfigError
 from common.timing import timed
 from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
 from edge_sdk.cvae import CVAEConfig
-from edge_sdk.data import ArrayDataset, client_name, load_client_data, partition, partition_settings
+from edge_sdk.data import (
+    ArrayDataset,
+    check_image_size,
+    client_name,
+    load_client_data,
+    partition,
+    partition_settings,
+)
+from edge_sdk.image_cache import cache_dir
 from edge_sdk.precision import Precision, check_precision
 from edge_sdk.profiling import usable_threads
 from edge_sdk.roles import resolve_role
@@ -98,8 +106,13 @@ class SimulateConfig:
     otherwise.
     """
 
-    dataset: str  # the dataset to partition: mnist, fashionmnist, cifar10, svhn or digits
-    data_root: str | None = None  # torchvision-layout dataset root (not needed for digits)
+    # the dataset to partition: mnist, fashionmnist, cifar10, svhn, digits, or folder (your own images)
+    dataset: str
+    # the dataset's root (not needed for digits): torchvision's layout, a folder holding
+    # cifar10-jpeg.tar.gz, or for folder, a folder (or .tar.gz) with train/<class>/ and test/<class>/
+    data_root: str | None = None
+    # folder only: every image scaled and centre-cropped to this square size (else all must share one size)
+    image_size: int | None = None
     num_clients: int = 10  # clients in the federation
     alpha: float = 0.5  # Dirichlet concentration of the label skew
     seed: int = 0  # seed of the partition, the clients (seed + k) and the server
@@ -154,6 +167,7 @@ class SimulateConfig:
         if self.jobs < 1:
             raise ConfigError(f"jobs must be >= 1, got {self.jobs}")
         check_precision(self.precision)
+        check_image_size(self.dataset, self.image_size)
         for name in ("decoders", "shared_init"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -393,6 +407,8 @@ def _partition_settings(config: SimulateConfig) -> dict[str, Any]:
         alpha=config.alpha,
         seed=config.seed,
         min_size=config.min_size,
+        data_root=config.data_root,
+        image_size=config.image_size,
     )
     return json.loads(to_json(settings))
 
@@ -411,6 +427,7 @@ def _partition(config: SimulateConfig, data_dir: Path) -> None:
         seed=config.seed,
         out_dir=data_dir,
         min_size=config.min_size,
+        image_size=config.image_size,
     )
 
 
@@ -504,6 +521,8 @@ def simulate(config: SimulateConfig) -> SimulateResult:
                     release_memory()
                 else:
                     pool.submit(_partition, config, out / "data").result()
+                    if "source" in _partition_settings(config):  # the worker's own log lines are not shown
+                        log.info("the images a worker decoded are cached in %s", cache_dir())
             names_on_disk = _client_names(config.num_clients)
             data_paths = [out / "data" / f"{name}.npz" for name in names_on_disk]
 
