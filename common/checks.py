@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from common import toml
 from common.errors import ConfigError, ToolkitError
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "is_int",
     "is_number",
     "load_json",
+    "load_toml",
     "make_real_dir",
     "read_regular_file",
 ]
@@ -296,6 +298,24 @@ def load_json(
             raise
         raise error(f"{name} is not valid JSON: {str(err)[:200]}") from None
     check_tree(data, name, max_depth=max_depth, error=error)
+    return data
+
+
+def load_toml(
+    text: str, name: str, *, max_bytes: int = 1 << 20, error: type[ToolkitError] = ConfigError
+) -> Any:
+    """TOML from an untrusted source, bounded like :func:`load_json` (the parser recurses into nested
+    arrays and inline tables, so too deep a file is refused through its RecursionError)."""
+    if not isinstance(text, str) or len(text) > max_bytes:
+        got = f"{len(text)} characters" if isinstance(text, str) else type(text).__name__
+        raise error(f"{name} must be TOML text of at most {max_bytes} characters, got {got}")
+    try:
+        data = toml.loads(text)
+    except toml.TOMLDecodeError as err:
+        raise error(f"{name} is not valid TOML: {str(err)[:200]}") from None
+    except RecursionError:
+        raise error(f"{name} must be nested at most {MAX_DEPTH} levels deep, got deeper") from None
+    check_tree(data, name, error=error)
     return data
 
 

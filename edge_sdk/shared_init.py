@@ -20,13 +20,12 @@ checking it against its profile's budget (``edge_sdk.client``).
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
-from common.checks import check_input_shape, check_int
+from common.checks import check_input_shape, check_int, load_json
 from common.errors import BundleError, ConfigError, ExportError, SpecError
 from common.seeding import seeded
 from edge_sdk import __version__
@@ -128,7 +127,7 @@ def read_initial_weights(
             f"{INIT_ROLE!r}); fix: write one with `server-kit init`"
         )
     try:
-        declared = json.loads(meta.get("input_shape", "null"))
+        declared = load_json(meta.get("input_shape", "null"), f"{name}: input_shape", error=ConfigError)
         seed = int(meta.get("seed", ""))
         arch = _task_arch(meta.get("arch", ""), num_classes)
     except (ValueError, SpecError) as err:

@@ -103,4 +103,10 @@ def read_weights_file(path: str | Path, *, kind: str) -> tuple[dict[str, torch.T
         tensors = st_load(obj["tensors"])
     except Exception as err:  # safetensors raises its own SafetensorError
         raise BundleError(f"{path}: unreadable tensors: {err}") from err
+    poisoned = sorted(k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all())
+    if poisoned:  # a NaN weight makes every output NaN on whoever loads it
+        raise BundleError(
+            f"{path}: tensors {poisoned[:3]} hold NaN or infinite values, expected finite weights; "
+            "the file is corrupt or hostile, fetch it again from a trusted source"
+        )
     return tensors, obj["manifest"]

@@ -33,8 +33,8 @@ from common.errors import BundleError
 
 __all__ = [
     "MAX_CLASSES",
-    "MAX_DEPTH",
     "MAX_DECODER_CLASSES",
+    "MAX_DEPTH",
     "MAX_EXAMPLES",
     "MAX_INPUT_CHANNELS",
     "MAX_INPUT_ELEMENTS",
