@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_FLOAT_MAX = 1.7976931348623157e308  # an int past it passes is_number but cannot be a float
 
 
 def differences(recorded: object, wanted: object, prefix: str = "") -> list[str]:
@@ -53,8 +54,11 @@ def differences(recorded: object, wanted: object, prefix: str = "") -> list[str]
 
 
 def is_number(value: object) -> bool:
-    """A finite int or float, not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float, not a bool (an int is finite at any size: ``math.isfinite`` would raise
+    OverflowError on one past float range)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
 
 
 def is_int(value: object) -> bool:
@@ -132,7 +136,7 @@ def check_number(
     name: str, value: object, *, positive: bool = False, error: type[ToolkitError] = ConfigError
 ) -> float:
     """``value`` as a finite number >= 0 (> 0 when ``positive``), else ``error``."""
-    if not is_number(value) or value < 0 or (positive and value == 0):  # type: ignore[operator]
+    if not is_number(value) or not 0 <= value <= _FLOAT_MAX or (positive and value == 0):  # type: ignore[operator]
         raise error(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
     return float(value)  # type: ignore[arg-type]
 

@@ -241,9 +241,9 @@ def _json(text: str, key: str, max_bytes: int, source: str, error: type[ToolkitE
     if len(text) > max_bytes:
         raise error(f"{source}: {key} is {len(text)} characters, expected at most {max_bytes}; fix: {_FIX}")
     try:
-        return load_json(text, f"{source}: {key}", max_bytes=max_bytes, error=error)
+        return load_json(text, key, max_bytes=max_bytes, error=error)
     except ToolkitError as err:
-        raise error(f"{err}; fix: {_FIX}") from err
+        raise error(f"{source}: {key} is not JSON ({err}); fix: {_FIX}") from err
 
 
 def check_class_names(

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common.checks import from_preset, is_number
+from common.checks import check_real_dir, from_preset, is_number
 from common.configs import config_from_dict
 from common.device import resolve_device
 from common.errors import (
@@ -95,6 +95,7 @@ _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0),
 }
 SYNTH_SOURCES = ("inversion", "generator", "decoder")
+WORK_DIRS = ("synthetic", "generator")  # the folders the sources write into under the output folder
 TOP_UP_STREAM = 1  # derive_seed stream of top_up's decoder draws (the first draw uses the seed itself)
 SYNTHETIC_FILE = "synthetic.npz"  # the distillation set, kept for personalization (server-kit personalize)
 
@@ -361,6 +362,8 @@ def aggregate(
     images, the global test set) is used only to report the accuracy of the written ``global.onnx``.
     """
     out = Path(out_dir)
+    for name in WORK_DIRS:  # before any work: a link left there would take the files elsewhere
+        check_real_dir(out / name)
     out.mkdir(parents=True, exist_ok=True)
     previous_threads = torch.get_num_threads()
     # torch's threads: the cores free now (an intra-op barrier waits for a shared core); teachers side by
@@ -449,7 +452,7 @@ def _inversion_source(fed: Federation, config: AggregateConfig, out: Path, progr
         config=config.inversion,
         seed=config.seed,
         device=fed.device,
-        work_dir=out / "synthetic",
+        work_dir=out / WORK_DIRS[0],
         progress=progress,
         label_counts=fed.label_counts if config.inversion.classes == "held" else None,
         precision=config.precision,
@@ -468,7 +471,7 @@ def _generator_source(fed: Federation, config: AggregateConfig, out: Path, progr
         seed=config.seed,
         device=fed.device,
         progress=progress,
-        work_dir=out / "generator",
+        work_dir=out / WORK_DIRS[1],
         precision=config.precision,
     )
     return SourceOutput(part, {"generator_loss": losses[:: max(1, len(losses) // 50)]}, generator)

@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from common import toml
-from common.checks import from_preset
+from common.checks import check_real_dir, from_preset, make_real_dir
 from common.configs import config_from_dict
 from common.errors import ConfigError
 from common.timing import timed
@@ -456,6 +456,8 @@ def simulate(config: SimulateConfig) -> SimulateResult:
 
     out = config.out_dir
     assign_profiles(config.num_clients, config.profiles, config.profile_map)  # a bad name fails first
+    for name in ("data", "clients", "server", "personal"):  # a link there would take the files elsewhere
+        check_real_dir(out / name)
     seconds: dict[str, float] = {}
     started_at = time.time()  # phases follow in the order of ``seconds`` (benchmarks/speed.py)
     wall = time.perf_counter()
@@ -484,7 +486,7 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         # --- clients (each one is a device); reuse finished bundles so a killed run resumes ------------
         t0 = time.perf_counter()  # not `timed`: the phase ends after the worker pool has shut down, below
         client_dir = out / "clients"
-        client_dir.mkdir(parents=True, exist_ok=True)
+        make_real_dir(client_dir)
         bundles = [client_dir / f"{name}.bundle" for name in names_on_disk]
         plan = plan_clients(config, load_client_data(out / "data" / "test.npz"))
         names, client_configs = list(plan.profiles), list(plan.configs)
