@@ -136,7 +136,7 @@ class ClientConfig:
                 raise ConfigError("initial weights have no 'unknown' output: drop unknown_output or init")
         check_int("seed", self.seed, 0, 2**64 - 1)  # a bundle records it: what a bundle can hold
         if not is_number(self.val_fraction) or not 0.0 < self.val_fraction < 1.0:  # type: ignore[operator]
-            raise ConfigError(f"val_fraction must be a number in (0, 1), got {self.val_fraction!r}")
+            raise ConfigError(f"val_fraction must be in (0, 1), a number, got {self.val_fraction!r}")
         if not isinstance(self.progress, bool):
             raise ConfigError(f"progress must be a bool, got {self.progress!r}")
         if not isinstance(self.device, str) or (
