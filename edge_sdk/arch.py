@@ -139,7 +139,7 @@ def parse_arch(text: str) -> ArchSpec:
         return family_of_text(text).parse(text)
     data = load_json(text, "architecture JSON", max_bytes=MAX_ARCH_CHARS, error=SpecError)
     kind = data.get("kind", DEFAULT_FAMILY) if isinstance(data, dict) else None
-    if kind not in FAMILIES:
+    if not isinstance(kind, str) or kind not in FAMILIES:
         raise SpecError(
             f"architecture JSON must be an object whose kind is one of {sorted(FAMILIES)}, "
             f"got {str(kind)[:80]!r}"
