@@ -272,7 +272,8 @@ def load_json(
 ) -> Any:
     """JSON from an untrusted source, bounded: at most ``max_bytes``, ``max_depth`` levels (checked
     before parsing: the decoder recurses), integers of at most 64 bits (Python's own int parse refuses
-    only past 4,300 digits, with a ValueError), no NaN / Infinity, str keys; else ``error``."""
+    only past 4,300 digits, with a ValueError), finite floats (no NaN, Infinity or 1e999), str keys;
+    else ``error``."""
     if isinstance(text, bytes):
         if len(text) > max_bytes:
             raise error(f"{name} must be at most {max_bytes} bytes of JSON, got {len(text)}")
@@ -292,11 +293,17 @@ def load_json(
             raise error(f"{name}: an integer of {len(digits)} digits does not fit in 64 bits")
         return int(digits)
 
+    def parse_float(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):  # 1e999 reads as inf
+            raise error(f"{name}: {text[:40]} is past the float range; write a finite number")
+        return value
+
     def parse_constant(word: str) -> float:
         raise error(f"{name}: {word} is not a JSON number; write a finite number")
 
     try:
-        data = json.loads(text, parse_int=parse_int, parse_constant=parse_constant)
+        data = json.loads(text, parse_int=parse_int, parse_float=parse_float, parse_constant=parse_constant)
     except ValueError as err:  # JSONDecodeError, and a float past the digit limit
         if isinstance(err, ToolkitError):
             raise
@@ -315,7 +322,7 @@ def load_toml(
         raise error(f"{name} must be TOML text of at most {max_bytes} characters, got {got}")
     try:
         data = toml.loads(text)
-    except toml.TOMLDecodeError as err:
+    except ValueError as err:  # TOMLDecodeError, and an int past Python's 4,300-digit limit
         raise error(f"{name} does not parse as TOML: {str(err)[:200]}") from None
     except RecursionError:
         raise error(f"{name} must be nested at most {MAX_DEPTH} levels deep, got deeper") from None
