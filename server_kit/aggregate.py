@@ -108,6 +108,12 @@ def _fast_distill() -> DistillConfig:
     return DistillConfig(**_DISTILL_PRESETS["fast"])
 
 
+def _check_names(name: str, value: object) -> None:
+    """A list of source names from a config file: a tuple of strs (or None), nothing else."""
+    if value is not None and not (isinstance(value, tuple) and all(isinstance(v, str) for v in value)):
+        raise ConfigError(f"{name} must be a list of {SYNTH_SOURCES}, got {value!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class AggregateConfig:
     """Everything the server run needs besides the bundles.
@@ -191,6 +197,14 @@ class AggregateConfig:
             raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
         if isinstance(self.synth, str):
             object.__setattr__(self, "synth", tuple(x.strip() for x in self.synth.split(",") if x.strip()))
+        for name in ("synth", "construction_labels"):
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+            ):
+                raise ConfigError(f"{name} must be a list of {SYNTH_SOURCES}, got {value!r}")
+        if not isinstance(self.fedavg_init, bool):
+            raise ConfigError(f"fedavg_init must be a bool, got {self.fedavg_init!r}")
         if self.synth is not None:
             bad = sorted(set(self.synth) - set(SYNTH_SOURCES))
             if not self.synth or bad or len(set(self.synth)) != len(self.synth):
@@ -204,6 +218,7 @@ class AggregateConfig:
                 "construction_labels",
                 tuple(x.strip() for x in self.construction_labels.split(",") if x.strip()),
             )
+        _check_names("construction_labels", self.construction_labels)
         bad = sorted(set(self.construction_labels) - set(SYNTH_SOURCES))
         if bad or len(set(self.construction_labels)) != len(self.construction_labels):
             raise ConfigError(
@@ -267,9 +282,11 @@ class AggregateConfig:
         if self.on_error not in ("stop", "skip"):
             raise ConfigError(f"on_error must be 'stop' or 'skip', got {self.on_error!r}")
         if self.threads is not None and (
-            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+            isinstance(self.threads, bool)
+            or not isinstance(self.threads, int)
+            or not 1 <= self.threads <= 4096
         ):
-            raise ConfigError(f"threads must be None or an integer >= 1, got {self.threads!r}")
+            raise ConfigError(f"threads must be None or an integer in [1, 4096], got {self.threads!r}")
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: Any) -> AggregateConfig:
