@@ -357,9 +357,15 @@ def read_regular_file(
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise error(f"{what} {str(path)!r} must be a regular file, got a special file or directory")
+            raise error(
+                f"{what} {str(path)!r} must be a regular file, got a special file or directory; "
+                "fix: pass the file itself"
+            )
         if info.st_size > max_bytes:
-            raise error(f"{what} {str(path)!r} must be at most {max_bytes} bytes, got {info.st_size}")
+            raise error(
+                f"{what} {str(path)!r} must be at most {max_bytes} bytes, got {info.st_size}; "
+                "fix: pass the file the toolkit wrote"
+            )
         chunks, left = [], max_bytes + 1
         while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
             chunks.append(chunk)
