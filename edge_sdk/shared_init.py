@@ -25,7 +25,7 @@ from pathlib import Path
 
 from torch import nn
 
-from common.checks import check_input_shape, check_int, load_json
+from common.checks import check_input_shape, check_int, load_json, read_regular_file
 from common.errors import BundleError, ConfigError, ExportError, SpecError
 from common.seeding import seeded
 from edge_sdk import __version__
@@ -105,17 +105,7 @@ def read_initial_weights(
     if isinstance(source, bytes | bytearray):
         data = bytes(source)
     else:
-        path = Path(source)
-        try:
-            size = path.stat().st_size
-            if size > MAX_INIT_BYTES:
-                raise ConfigError(
-                    f"{name} is {size} bytes, an initial-weights file is at most {MAX_INIT_BYTES}; "
-                    "fix: pass the file `server-kit init` wrote"
-                )
-            data = path.read_bytes()
-        except OSError as err:
-            raise ConfigError(f"cannot read initial weights {name}: {err}") from err
+        data = read_regular_file(source, max_bytes=MAX_INIT_BYTES, what="initial-weights file")
     if len(data) > MAX_INIT_BYTES:
         raise ConfigError(f"{name} is {len(data)} bytes, an initial-weights file is at most {MAX_INIT_BYTES}")
     # the contract first, against this device's task: nothing of a file that fails it is rebuilt
