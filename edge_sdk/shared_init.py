@@ -118,7 +118,7 @@ def read_initial_weights(
         )
     try:
         declared = load_json(meta.get("input_shape", "null"), f"{name}: input_shape", error=ConfigError)
-        seed = int(meta.get("seed", ""))
+        seed = check_int("seed", load_json(meta.get("seed", ""), "seed", error=ConfigError), 0, 2**64 - 1)
         arch = _task_arch(meta.get("arch", ""), num_classes)
     except (ValueError, SpecError) as err:
         raise ConfigError(f"{name}: unreadable initial-weights metadata ({err}); rewrite it") from err

@@ -98,7 +98,12 @@ def test_hostile_task_fields_are_refused(fields, error):
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("input_shape", DEEP), ("input_shape", "[1, 8, " + "8" * 5000 + "]"), ("seed", "9" * 5000)],
+    [
+        ("input_shape", DEEP),
+        ("input_shape", "[1, 8, " + "8" * 5000 + "]"),
+        ("seed", "9" * 5000),
+        ("seed", "-1"),
+    ],
 )
 def test_hostile_initial_weights_metadata_is_refused(key, value):
     model = onnx.load_from_string(initial_weights("C4k3-P-F10", (1, 8, 8), 10, seed=0))
