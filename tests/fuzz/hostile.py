@@ -166,12 +166,14 @@ _BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 _DEEP = 5000
 
 
-def _config_variant(rng: np.random.Generator, seed: dict[str, Any]) -> Variant:
+_CONFIG_FILES = ["bomb", "deep", "utf8", "fifo", "zero"]
+_CONFIG_VALUES = ["container", "value", "bigint", "nonfinite"]
+
+
+def _config_variant(rng: np.random.Generator, seed: dict[str, Any], variants: list[str]) -> Variant:
     """Config files that must be refused: special files, undecodable bytes, bombs, deep or wrong
     containers, values of the wrong type or range."""
-    what = str(
-        _pick(rng, ["bomb", "deep", "utf8", "fifo", "zero", "container", "value", "bigint", "nonfinite"])
-    )
+    what = str(_pick(rng, variants))
     if what == "bomb":
         return b"yaml\n" + _BOMB.encode(), "YAML alias bomb", True
     if what == "deep":
@@ -188,7 +190,7 @@ def _config_variant(rng: np.random.Generator, seed: dict[str, Any]) -> Variant:
     changed = dict(seed)
     if what == "container":
         key = str(_pick(rng, ["aggregate", "search", "cvae", "profiles", "num_clients", "seed"]))
-        changed[key] = _pick(rng, [[1, 2], {"k": 1}, "x", [], {}])
+        changed[key] = _pick(rng, [[1, 2], {"k": 1}, "x", []])  # {} is a partial table: valid
         note = f"{key} = {changed[key]!r}"
     elif what == "value":
         key, value = _pick(
@@ -218,8 +220,12 @@ def _config_variant(rng: np.random.Generator, seed: dict[str, Any]) -> Variant:
     return b"json\n" + json.dumps(changed).encode(), note, True
 
 
-def config_fields(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
-    return _config_variant(rng, json.loads(data.partition(b"\n")[2]))
+def config_files(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
+    return _config_variant(rng, json.loads(data.partition(b"\n")[2]), _CONFIG_FILES)
+
+
+def config_values(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
+    return _config_variant(rng, json.loads(data.partition(b"\n")[2]), _CONFIG_VALUES)
 
 
 def _set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
@@ -229,14 +235,17 @@ def _set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
         model.metadata_props.add(key=k, value=v)
 
 
-def init_fields(data: bytes, rng: np.random.Generator, workdir: Path) -> Variant:
-    """Shared initial weights with hostile metadata (deep JSON, long ints, foreign arch) or a hostile
-    graph (every ONNX mutation, NaN weights included)."""
+def init_graph(data: bytes, rng: np.random.Generator, workdir: Path) -> Variant:
+    """Shared initial weights with a hostile graph (every ONNX mutation, NaN weights included)."""
     model = onnx.load_from_string(data)
-    if rng.random() < 0.5:
-        name = str(_pick(rng, sorted(ONNX_MUTATIONS)))
-        note = ONNX_MUTATIONS[name](model, rng, workdir)
-        return model.SerializeToString(), f"{name}: {note}", name != "onnx_input_dims"
+    name = str(_pick(rng, sorted(ONNX_MUTATIONS)))
+    note = ONNX_MUTATIONS[name](model, rng, workdir)
+    return model.SerializeToString(), f"{name}: {note}", name != "onnx_input_dims"
+
+
+def init_metadata(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
+    """Shared initial weights with hostile metadata (deep JSON, long ints, a foreign arch)."""
+    model = onnx.load_from_string(data)
     key, value = _pick(
         rng,
         [
@@ -254,42 +263,52 @@ def init_fields(data: bytes, rng: np.random.Generator, workdir: Path) -> Variant
     return model.SerializeToString(), f"metadata {key} = {value[:30]!r}...", True
 
 
-def task_fields(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
+def _task_variants(client: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    return [
+        ("client-config", "[" * _DEEP + "]" * _DEEP, True),
+        ("client-config", json.dumps({**client, "seed": "NaN"}).replace('"NaN"', "NaN"), True),
+        ("client-config", json.dumps({**client, "seed": -1}), True),
+        ("client-config", json.dumps({**client, "seed": True}), True),
+        ("client-config", json.dumps({**client, "seed": 2**70}), True),
+        ("client-config", json.dumps(client).replace("0.2", "9" * 5000), True),
+        ("client-config", json.dumps({**client, "search": [1]}), True),
+        ("client-config", json.dumps({**client, "device": 5}), True),
+        ("client-config", json.dumps([client]), True),
+        ("partition", '{"dataset": ' + "[" * _DEEP + "]" * _DEEP + "}", True),
+        ("partition", json.dumps({"a": 1}), True),
+        ("profile", "x = " + "[" * _DEEP + "]" * _DEEP, True),
+        ("profile", "memory_mb = " + "9" * 5000, True),
+        ("profile", "name = 5", True),
+        ("data-root", "\x00" * 8, False),
+    ]
+
+
+def _task(data: bytes, rng: np.random.Generator, json_fields: bool) -> Variant:
     """A Flower task whose fields are deep, huge, non-finite or of the wrong type."""
     fields = msgpack.unpackb(data, raw=False)
-    client = json.loads(fields["client-config"])
-    field, value, refuse = _pick(
-        rng,
-        [
-            ("client-config", "[" * _DEEP + "]" * _DEEP, True),
-            ("client-config", json.dumps({**client, "seed": "NaN"}).replace('"NaN"', "NaN"), True),
-            ("client-config", json.dumps({**client, "seed": -1}), True),
-            ("client-config", json.dumps({**client, "seed": True}), True),
-            ("client-config", json.dumps({**client, "seed": 2**70}), True),
-            ("client-config", json.dumps(client).replace("0.2", "9" * 5000), True),
-            ("client-config", json.dumps({**client, "search": [1]}), True),
-            ("client-config", json.dumps({**client, "device": 5}), True),
-            ("client-config", json.dumps([client]), True),
-            ("partition", '{"dataset": ' + "[" * _DEEP + "]" * _DEEP + "}", True),
-            ("partition", json.dumps({"a": 1}), True),
-            ("profile", "x = " + "[" * _DEEP + "]" * _DEEP, True),
-            ("profile", "memory_mb = " + "9" * 5000, True),
-            ("profile", "name = 5", True),
-            ("data-root", "\x00" * 8, False),
-        ],
-    )
+    variants = _task_variants(json.loads(fields["client-config"]))
+    variants = [v for v in variants if (v[0] in ("client-config", "partition")) == json_fields]
+    field, value, refuse = _pick(rng, variants)
     fields[field] = value
     return _pack(fields), f"{field} = {value[:40]!r}...", refuse
+
+
+def task_json(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
+    return _task(data, rng, json_fields=True)
+
+
+def task_text(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
+    return _task(data, rng, json_fields=False)
 
 
 _OUTSIDE = f"../../{SECRET_NAME}"  # from run/server/: the case's work dir, where the secret lies
 
 
-def run_files(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
+def _run(data: bytes, rng: np.random.Generator, variants: list[str]) -> Variant:
     """A run directory with links out of it, special or huge files, and values past any drawable range."""
     files = msgpack.unpackb(data, raw=False)
     results = json.loads(files["results.json"])
-    what = str(_pick(rng, ["grid_link", "dir_link", "json_link", "fifo", "sparse", "huge", "deep", "utf8"]))
+    what = str(_pick(rng, variants))
     refuse = what not in ("grid_link", "huge")
     if what == "grid_link":  # not drawn, not opened: the runner watches the secret
         files["server/pseudo_images.png"] = {"link": _OUTSIDE}
@@ -316,9 +335,26 @@ def run_files(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
     return _pack(files), what, refuse
 
 
+def run_links(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
+    return _run(data, rng, ["grid_link", "dir_link", "json_link"])
+
+
+def run_files(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
+    return _run(data, rng, ["fifo", "sparse", "deep", "utf8"])
+
+
+def run_values(data: bytes, rng: np.random.Generator, _: Path) -> Variant:
+    return _run(data, rng, ["huge"])
+
+
 HOSTILE_MUTATIONS = {
-    "config_fields": (("config",), config_fields),
-    "init_fields": (("init",), init_fields),
-    "task_fields": (("task",), task_fields),
+    "config_files": (("config",), config_files),
+    "config_values": (("config",), config_values),
+    "init_graph": (("init",), init_graph),
+    "init_metadata": (("init",), init_metadata),
+    "task_json": (("task",), task_json),
+    "task_text": (("task",), task_text),
+    "run_links": (("run",), run_links),
     "run_files": (("run",), run_files),
+    "run_values": (("run",), run_values),
 }
