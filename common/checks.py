@@ -307,7 +307,7 @@ def load_json(
     except ValueError as err:  # JSONDecodeError, and a float past the digit limit
         if isinstance(err, ToolkitError):
             raise
-        raise error(f"{name} does not parse as JSON: {str(err)[:200]}") from None
+        raise error(f"{name} does not parse: not valid JSON ({str(err)[:200]})") from None
     check_tree(data, name, max_depth=max_depth, error=error)
     return data
 
@@ -323,7 +323,7 @@ def load_toml(
     try:
         data = toml.loads(text)
     except ValueError as err:  # TOMLDecodeError, and an int past Python's 4,300-digit limit
-        raise error(f"{name} does not parse as TOML: {str(err)[:200]}") from None
+        raise error(f"{name} does not parse: not valid TOML ({str(err)[:200]})") from None
     except RecursionError:
         raise error(f"{name} must be nested at most {MAX_DEPTH} levels deep, got deeper") from None
     check_tree(data, name, error=error)

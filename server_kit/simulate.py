@@ -38,7 +38,6 @@ from typing import Any, Literal, get_args
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from common import toml
 from common.checks import (
     check_int,
     check_number,
@@ -46,9 +45,11 @@ from common.checks import (
     check_str,
     from_preset,
     is_number,
+    load_toml,
     make_real_dir,
+    read_regular_file,
 )
-from common.configs import config_from_dict
+from common.configs import MAX_CONFIG_BYTES, config_from_dict
 from common.errors import ConfigError
 from common.timing import timed
 from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
@@ -262,10 +263,11 @@ def assign_profiles(num_clients: int, profiles: tuple[str, ...], profile_map: Pa
     """Profile name of every client: round-robin over ``profiles``, then overrides from ``profile_map``."""
     names = [profiles[k % len(profiles)] if profiles else "" for k in range(num_clients)]
     if profile_map is not None:
+        raw = read_regular_file(profile_map, max_bytes=MAX_CONFIG_BYTES, what="profile map")
         try:
-            data = toml.loads(Path(profile_map).read_text(encoding="utf-8"))
-        except (OSError, toml.TOMLDecodeError) as err:
-            raise ConfigError(f"cannot read profile map {profile_map}: {err}") from err
+            data = load_toml(raw.decode("utf-8"), f"profile map {profile_map}", max_bytes=MAX_CONFIG_BYTES)
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"profile map {profile_map} must be UTF-8 TOML ({err.reason})") from None
         unknown = sorted(set(data) - {"default", "clients"})
         if unknown:
             raise ConfigError(
