@@ -1,4 +1,5 @@
-"""The long fuzz run of issue #16: >= 2,000 mutated bundles, packages, supernets and weights files.
+"""The long fuzz run of issues #16 and #34: mutated bundles, packages, supernets and weights files, and
+hostile config files, shared initial weights, Flower task fields and run directories (one kind each).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fuzz.py --cases 2400 --seed 0 --jobs 2 \\
         --out benchmarks/results/fuzz.json
@@ -6,7 +7,8 @@
 
 Same harness as ``tests/fuzz`` (a forked child per case, 10 s timeout, 2x honest-peak RSS cap, a secret
 planted in the cwd); prints progress and the outcome table per kind x mutator, and writes every failing
-case (outcome, error, raising frame, mutant note) to ``--out``. Exits 1 when any case failed.
+case (outcome, error, raising frame, mutant note) to ``--out``, with the cases per kind (boundary).
+Exits 1 when any case failed.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ no tags; ``1e-3`` is a number, as in TOML and JSON, where PyYAML alone reads a s
 from __future__ import annotations
 
 import dataclasses
-import json
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -22,10 +21,13 @@ from typing import Any, TypeVar
 import yaml
 from jsonargparse import get_loader
 
-from common import toml
+from common.checks import check_tree, load_json, load_toml, read_regular_file
 from common.errors import ConfigError
 
-__all__ = ["Builder", "config_from_dict", "read_config_file"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "Builder", "config_from_dict", "read_config_file"]
+
+MAX_CONFIG_BYTES = 8 << 20  # a config a person writes is a few KB; a run's results.json tens of KB
+MAX_CONFIG_VALUES = 100_000  # values in the parsed tree, counting every use of a YAML alias
 
 T = TypeVar("T")
 
@@ -104,28 +106,36 @@ def _convert(hint: Any, value: Any, current: Any, what: str) -> Any:
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The config table of ``path``: a ``.toml`` or ``.yaml`` file a person wrote, or a ``.json`` file a
     run wrote (a ``results.json`` or ``report.json``: its ``config`` entry; or a bare config, e.g.
-    ``--print-config``'s output)."""
+    ``--print-config``'s output). A regular file of at most :data:`MAX_CONFIG_BYTES` (a FIFO or
+    ``/dev/zero`` is refused before it is read), UTF-8, and a tree bounded by
+    :func:`common.checks.check_tree` before anything prints or walks it (a YAML alias bomb is a few
+    hundred bytes that expand to billions of values)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {err}; fix: check the path") from err
-    try:
-        if path.suffix.lower() == ".toml":
-            data: Any = toml.loads(text)
-        elif path.suffix.lower() == ".json":
-            data = json.loads(text)
-        elif path.suffix.lower() in (".yaml", ".yml"):
-            data = get_loader("yaml")(text)
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".json", ".yaml", ".yml"):
+        raise ConfigError(
+            f"config file must end in .toml, .yaml, .yml or .json, got {str(path)!r}; fix: rename it "
+            "or point at a run's results.json"
+        )
+    raw = read_regular_file(path, max_bytes=MAX_CONFIG_BYTES, what="config file")
+    name = f"config file {str(path)!r}"
+    if suffix == ".json":
+        data: Any = load_json(raw, name, max_bytes=MAX_CONFIG_BYTES)
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{name} must be UTF-8 text, got undecodable bytes ({err.reason})") from None
+        if suffix == ".toml":
+            data = load_toml(text, name, max_bytes=MAX_CONFIG_BYTES)
         else:
-            raise ConfigError(
-                f"config file must end in .toml, .yaml, .yml or .json, got {str(path)!r}; fix: rename it "
-                "or point at a run's results.json"
-            )
-    except (toml.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"config file {str(path)!r} does not parse: {err}") from err
+            try:
+                data = get_loader("yaml")(text)
+            except (yaml.YAMLError, RecursionError) as err:
+                raise ConfigError(f"{name} does not parse: {str(err)[:300]}") from None
+            check_tree(data, name, max_nodes=MAX_CONFIG_VALUES)
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         data = data["config"]
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a table of keys, got {type(data).__name__}")
+        raise ConfigError(f"{name} must hold a table of keys, got {type(data).__name__}")
     return data

@@ -18,11 +18,12 @@ travel in their own bundle kind and are rebuilt by ``build_cvae``, never by :fun
 
 from __future__ import annotations
 
-import json
+import re
 from typing import Any, Protocol, TypeVar
 
 from torch import nn
 
+from common.checks import load_json
 from common.errors import SpecError
 from edge_sdk.chain import CHAIN_FAMILY, ChainSpec
 from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec
@@ -97,6 +98,8 @@ FAMILIES: dict[str, ArchFamily[Any]] = {
     ZOO_FAMILY.name: ZOO_FAMILY,
     ELASTIC_FAMILY.name: ELASTIC_FAMILY,
 }
+MAX_ARCH_CHARS = 1 << 16  # a spec string or its JSON: the deepest real one is a few hundred characters
+_LONG_NUMBER = re.compile(r"\d{10,}")
 DEFAULT_FAMILY = CHAIN_FAMILY.name  # strings with no family's prefix, JSON with no family's kind
 
 _BY_SPEC_TYPE: dict[type, ArchFamily[Any]] = {family.spec_type: family for family in FAMILIES.values()}
@@ -124,15 +127,31 @@ def family_of_text(text: str) -> ArchFamily[Any]:
 
 def parse_arch(text: str) -> ArchSpec:
     """Parse a spec string (``C32k3-P-F10``, ``zoo:resnet18`` or ``mbv3:...``) or its JSON form."""
+    if not isinstance(text, str) or len(text) > MAX_ARCH_CHARS:
+        shown = text[:80] if isinstance(text, str) else type(text).__name__
+        raise SpecError(
+            f"an architecture must be a str of at most {MAX_ARCH_CHARS} characters, got {shown!r}"
+        )
     text = text.strip()
-    if text.startswith("{"):
-        try:
-            kind = json.loads(text).get("kind")
-        except (json.JSONDecodeError, AttributeError) as err:
-            raise SpecError(f"malformed architecture JSON: {err}") from err
-        family = next((f for name, f in FAMILIES.items() if name == kind), FAMILIES[DEFAULT_FAMILY])
-        return family.from_json(text)
-    return family_of_text(text).parse(text)
+    if _LONG_NUMBER.search(text):
+        raise SpecError(f"a number in an architecture has at most 9 digits, got {text[:80]!r}...")
+    if not text.startswith("{"):
+        return family_of_text(text).parse(text)
+    data = load_json(text, "architecture JSON", max_bytes=MAX_ARCH_CHARS, error=SpecError)
+    kind = data.get("kind", DEFAULT_FAMILY) if isinstance(data, dict) else None
+    if not isinstance(kind, str) or kind not in FAMILIES:
+        raise SpecError(
+            f"architecture JSON must be an object whose kind is one of {sorted(FAMILIES)}, "
+            f"got {str(kind)[:80]!r}"
+        )
+    try:
+        return FAMILIES[kind].from_json(text)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # a field missing or of a wrong type
+        if isinstance(err, SpecError):
+            raise
+        raise SpecError(
+            f"malformed {kind} architecture JSON: {type(err).__name__}: {str(err)[:200]}"
+        ) from None
 
 
 def build_model(spec: ArchSpec | str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:

@@ -85,7 +85,8 @@ class Dense:
 
 Layer = Conv | Pool | Dense
 
-_TOKEN = re.compile(r"^(?:C(?P<c>\d+)k(?P<k>\d+)|(?P<p>P|Pmax|Pavg)|F(?P<f>\d+))$")
+# at most 9 digits a number: int() of a hostile 5,000-digit one raises ValueError, a spec never needs it
+_TOKEN = re.compile(r"^(?:C(?P<c>\d{1,9})k(?P<k>\d{1,9})|(?P<p>P|Pmax|Pavg)|F(?P<f>\d{1,9}))$")
 
 
 def _parse_layer(token: str) -> Layer:

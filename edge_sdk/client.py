@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.checks import is_number
+from common.checks import check_int, is_number
 from common.device import check_device, resolve_device
 from common.errors import BudgetError, ConfigError
 from common.seeding import derive_seed
@@ -135,8 +135,11 @@ class ClientConfig:
                 )
             if self.unknown_output:
                 raise ConfigError("initial weights have no 'unknown' output: drop unknown_output or init")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        check_int("seed", self.seed, 0, 2**64 - 1)  # a bundle records it: what a bundle can hold
+        if not is_number(self.val_fraction) or not 0.0 < self.val_fraction < 1.0:  # type: ignore[operator]
+            raise ConfigError(f"val_fraction must be in (0, 1), a number, got {self.val_fraction!r}")
+        if not isinstance(self.progress, bool):
+            raise ConfigError(f"progress must be a bool, got {self.progress!r}")
         check_device(self.device)
         if self.role not in CLIENT_ROLES:
             raise ConfigError(f"role must be one of {CLIENT_ROLES}, got {self.role!r}")

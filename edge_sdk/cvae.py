@@ -80,7 +80,7 @@ CVAEModel = Literal["cvae-small", "cvae-large"]
 MODELS: tuple[str, ...] = get_args(CVAEModel)
 HIDDEN_UNITS = 256  # both reference CVAEs
 CLASS_PRIOR_SUFFIX = "-classprior"
-_ARCH_RE = re.compile(r"^(cvae-small|cvae-large)-z([1-9][0-9]*)(-classprior)?$")
+_ARCH_RE = re.compile(r"^(cvae-small|cvae-large)-z([1-9][0-9]{0,8})(-classprior)?$")  # 9 digits at most
 
 # Per-dataset settings. From the paper (Table 3 / section 5.1.4): batch 64, Adam, and the CVAE learning rate
 # and local epochs of MNIST (5e-2, 30), Fashion (5e-2, 40), SVHN (1e-3, 40), EMNIST (3e-3, 50). cifar10 is

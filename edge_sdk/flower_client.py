@@ -34,8 +34,7 @@ from typing import Any
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from common import toml
-from common.checks import check_int
+from common.checks import check_int, load_json, load_toml
 from common.configs import config_from_dict
 from common.errors import BundleError, ConfigError, DataError
 from edge_sdk.artifacts import decoder_bundle_path
@@ -185,12 +184,13 @@ class FlowerTask:
         task = content["task"]
         if not isinstance(task, ConfigRecord):
             raise BundleError(f"{source}: 'task' must be a ConfigRecord, got {type(task).__name__}")
-        try:
-            settings = json.loads(_text(task, "client-config", source) or "")
-            partition = json.loads(_text(task, "partition", source) or "")
-            profile_data = toml.loads(_text(task, "profile", source) or "")
-        except (json.JSONDecodeError, toml.TOMLDecodeError) as err:
-            raise BundleError(f"{source}: a task field is not valid JSON / TOML: {err}") from err
+        settings = load_json(
+            _text(task, "client-config", source) or "", f"{source} client-config", error=BundleError
+        )
+        partition = load_json(
+            _text(task, "partition", source) or "", f"{source} partition", error=BundleError
+        )
+        profile_data = load_toml(_text(task, "profile", source) or "", f"{source} profile", error=BundleError)
         client = config_from_dict(
             ClientConfig, settings, what="client-config", builders={"search": search_config_from_dict}
         )

@@ -20,13 +20,12 @@ checking it against its profile's budget (``edge_sdk.client``).
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
-from common.checks import check_input_shape, check_int
+from common.checks import check_input_shape, check_int, load_json, read_regular_file
 from common.errors import BundleError, ConfigError, ExportError, SpecError
 from common.seeding import seeded
 from edge_sdk import __version__
@@ -106,17 +105,7 @@ def read_initial_weights(
     if isinstance(source, bytes | bytearray):
         data = bytes(source)
     else:
-        path = Path(source)
-        try:
-            size = path.stat().st_size
-            if size > MAX_INIT_BYTES:
-                raise ConfigError(
-                    f"{name} is {size} bytes, an initial-weights file is at most {MAX_INIT_BYTES}; "
-                    "fix: pass the file `server-kit init` wrote"
-                )
-            data = path.read_bytes()
-        except OSError as err:
-            raise ConfigError(f"cannot read initial weights {name}: {err}") from err
+        data = read_regular_file(source, max_bytes=MAX_INIT_BYTES, what="initial-weights file")
     if len(data) > MAX_INIT_BYTES:
         raise ConfigError(f"{name} is {len(data)} bytes, an initial-weights file is at most {MAX_INIT_BYTES}")
     # the contract first, against this device's task: nothing of a file that fails it is rebuilt
@@ -128,8 +117,8 @@ def read_initial_weights(
             f"{INIT_ROLE!r}); fix: write one with `server-kit init`"
         )
     try:
-        declared = json.loads(meta.get("input_shape", "null"))
-        seed = int(meta.get("seed", ""))
+        declared = load_json(meta.get("input_shape", "null"), f"{name}: input_shape", error=ConfigError)
+        seed = check_int("seed", load_json(meta.get("seed", ""), "seed", error=ConfigError), 0, 2**64 - 1)
         arch = _task_arch(meta.get("arch", ""), num_classes)
     except (ValueError, SpecError) as err:
         raise ConfigError(f"{name}: unreadable initial-weights metadata ({err}); rewrite it") from err

@@ -30,7 +30,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from common.checks import check_input_shape, check_int, check_ints, check_str, is_int
+from common.checks import check_input_shape, check_int, check_ints, check_str, is_int, read_regular_file
 from common.errors import BundleError, ConfigError
 from export.atomic import atomic_write_bytes
 from export.wire import (
@@ -306,13 +306,8 @@ def client_names(paths: Sequence[str | Path]) -> list[str]:
 
 
 def _read(path: Path) -> bytes:
-    try:
-        size = path.stat().st_size
-        if size > MAX_BUNDLE_BYTES:
-            raise BundleError(f"{path}: {size} bytes is larger than any valid bundle ({MAX_BUNDLE_BYTES})")
-        return path.read_bytes()
-    except OSError as err:
-        raise BundleError(f"cannot read bundle {path}: {err}") from err
+    """A regular file of at most MAX_BUNDLE_BYTES (a FIFO would block the round, /dev/zero fill memory)."""
+    return read_regular_file(path, max_bytes=MAX_BUNDLE_BYTES, what="bundle", error=BundleError)
 
 
 def _decode(data: bytes, source: str) -> dict[str, Any]:

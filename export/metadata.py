@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.checks import check_input_shape, check_int, check_str, is_number
+from common.checks import check_input_shape, check_int, check_str, is_number, load_json
 from common.errors import BundleError, ToolkitError
 from export.wire import MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_INPUT_ELEMENTS
 
@@ -241,8 +241,8 @@ def _json(text: str, key: str, max_bytes: int, source: str, error: type[ToolkitE
     if len(text) > max_bytes:
         raise error(f"{source}: {key} is {len(text)} characters, expected at most {max_bytes}; fix: {_FIX}")
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as err:
+        return load_json(text, key, max_bytes=max_bytes, error=error)
+    except ToolkitError as err:
         raise error(f"{source}: {key} is not JSON ({err}); fix: {_FIX}") from err
 
 

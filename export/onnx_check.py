@@ -29,8 +29,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from common.errors import BundleError, ToolkitError
 from export.metadata import read_deploy_metadata
@@ -132,6 +133,7 @@ def _check_graph(
 ) -> None:
     """Steps 2 to 4 of the module docstring on a model that passed :func:`parse_onnx`."""
     _check_ops(proto, source, error)
+    _check_attributes(proto, source, error)
     batch, declared = _check_inputs(proto, inputs, input_names, source, limits, error)
     got_outputs = [o.name for o in proto.graph.output]
     if len(got_outputs) != len(outputs) or (output_names is not None and got_outputs != list(output_names)):
@@ -243,6 +245,54 @@ def _check_ops(proto: onnx.ModelProto, source: str, error: type[ToolkitError]) -
             f"operators outside the allowlist: {listed}; allowed: {sorted(ALLOWED_OPS)}",
             "export with export.onnx_export, which writes only allowed operators",
         )
+
+
+_MAX_GROUP = 1 << 16  # Conv groups: at most one per channel, and no real model has more channels
+_MAX_SLICE_STEP = 1 << 20  # |step| of a Slice: onnx's own shape inference overflows (bad_alloc, SIGSEGV)
+# on steps near 2**63 before any check of ours could see its output, so they are bounded first
+
+
+def _int_constants(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The int64 initializers and Constant outputs (each small: :func:`parse_onnx` bounded them)."""
+    found = {
+        i.name: numpy_helper.to_array(i) for i in proto.graph.initializer if i.data_type == TensorProto.INT64
+    }
+    for node in proto.graph.node:
+        if node.op_type == "Constant" and node.output:
+            for attr in node.attribute:
+                if attr.name == "value" and attr.t.data_type == TensorProto.INT64:
+                    found[node.output[0]] = numpy_helper.to_array(attr.t)
+                elif attr.name in ("value_int", "value_ints"):
+                    found[node.output[0]] = np.asarray(onnx.helper.get_attribute_value(attr), dtype=np.int64)
+    return found
+
+
+def _check_attributes(proto: onnx.ModelProto, source: str, error: type[ToolkitError]) -> None:
+    """Attribute values that pass onnx's checker but break its shape inference or the torch converter:
+    a Conv ``group`` below 1, a BatchNormalization ``epsilon`` not finite and > 0, a Slice step that is
+    not a constant of at most 2**20 in size."""
+    constants = _int_constants(proto)
+    for index, node in enumerate(proto.graph.node):
+        name = str(node.name or index)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        problem = None
+        if node.op_type in ("Conv", "ConvTranspose"):
+            group = attrs.get("group", 1)
+            if not isinstance(group, int) or not 1 <= group <= _MAX_GROUP:
+                problem = f"group must be an integer in [1, {_MAX_GROUP}], got {group!r}"
+        elif node.op_type == "BatchNormalization":
+            eps = attrs.get("epsilon", 1e-5)
+            if not isinstance(eps, float) or not math.isfinite(eps) or not 0 < eps <= 1:
+                problem = f"epsilon must be a finite number in (0, 1], got {eps!r}"
+        elif node.op_type == "Slice" and len(node.input) > 4 and node.input[4]:
+            steps = constants.get(node.input[4])
+            if steps is None or not all(1 <= abs(int(v)) <= _MAX_SLICE_STEP for v in steps.reshape(-1)):
+                shown = "computed" if steps is None else steps.reshape(-1)[:4].tolist()
+                problem = (
+                    f"steps must be constants in [-{_MAX_SLICE_STEP}, {_MAX_SLICE_STEP}] but 0, got {shown}"
+                )
+        if problem is not None:
+            raise refuse(error, source, f"node {name!r} ({node.op_type}): {problem}", _EXPORT_FIX)
 
 
 def _shape_text(dims: Sequence[int | str | None]) -> str:

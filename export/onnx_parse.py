@@ -10,7 +10,8 @@ goes on from its result; ``export.weights`` only takes weights out):
    so names, op types, domains and string attributes are decoded here, once, for everything after;
 3. no model-local functions, no graph-valued, sparse or reference attributes, and every tensor lives
    inside the file (no external data in any form, no sparse tensors), is float32 (or a small int64
-   shape tensor), has dims >= 1 and exactly as much data as its dims say; counts and bytes are bounded;
+   shape tensor), has dims >= 1 and exactly as much data as its dims say, finite float values (a NaN
+   weight would poison whoever runs the model, server or device); counts and bytes are bounded;
 4. the ``metadata_props`` are bounded in count and size (``export.metadata.check_metadata_props``).
 
 :func:`contract_guard` is the backstop around the whole contract: whatever a hostile file still makes
@@ -27,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
@@ -158,7 +160,7 @@ def parse_onnx(
 
 
 def check_data(proto: onnx.ModelProto, source: str, limits: OnnxLimits, error: type[ToolkitError]) -> None:
-    """Steps 2 to 4 of the module docstring on a parsed model (reads no tensor data)."""
+    """Steps 2 to 4 of the module docstring on a parsed model (tensor data is read only for finiteness)."""
     _check_text(proto, "model", source, error)
     check_metadata_props(((e.key, e.value) for e in proto.metadata_props), source=source, error=error)
     if proto.functions or proto.training_info:
@@ -321,4 +323,11 @@ def _check_tensor(
         raise refuse(
             error, source, f"{where} has dims {dims} ({count * itemsize} bytes) but holds {got}", fix
         )
+    if is_float:  # one NaN weight makes every output NaN: whoever runs it, server or device, learns nothing
+        values = np.frombuffer(tensor.raw_data, "<f4") if tensor.raw_data else np.asarray(typed, np.float32)
+        if not np.isfinite(values).all():
+            bad = int(values.size - np.isfinite(values).sum())
+            raise refuse(
+                error, source, f"{where} holds {bad} NaN or infinite values, expected finite weights", fix
+            )
     return count * itemsize

@@ -29,7 +29,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from common.checks import check_input_shape, check_int, check_ints, check_str, is_int
+from common.checks import check_input_shape, check_int, check_ints, check_str, is_int, read_regular_file
 from common.errors import BundleError
 from export.atomic import atomic_write_bytes
 from export.onnx_check import check_classifier_onnx, check_decoder_onnx
@@ -170,7 +170,9 @@ def package_to_bytes(package: Package) -> bytes:
 def _array(name: str, value: object, dtype: type) -> np.ndarray:
     if not isinstance(value, dict) or set(value) != {"shape", "data"}:
         raise BundleError(f"{name} must be a map with shape and data")
-    shape = list(check_ints(f"{name}.shape", value["shape"], 0, max_length=4, error=BundleError))
+    shape = list(
+        check_ints(f"{name}.shape", value["shape"], 0, MAX_PACKAGE_BYTES, max_length=4, error=BundleError)
+    )
     data, expected = value["data"], math.prod(shape) * np.dtype(dtype).itemsize
     if not isinstance(data, bytes) or len(data) != expected:
         got = f"{len(data)} bytes" if isinstance(data, bytes) else type(data).__name__
@@ -247,8 +249,5 @@ def write_package(package: Package, path: str | Path) -> Path:
 def read_package(path: str | Path) -> Package:
     """Read and validate a package file."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise BundleError(f"cannot read package {path}: {err}") from err
+    data = read_regular_file(path, max_bytes=MAX_PACKAGE_BYTES, what="package", error=BundleError)
     return package_from_bytes(data, source=str(path))

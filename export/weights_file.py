@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from common.checks import is_int
+from common.checks import is_int, read_regular_file
 from common.errors import BundleError
 from export.atomic import atomic_write_bytes
 from export.wire import canonical_bytes, canonical_sha256, unpack_map
@@ -68,12 +68,7 @@ def write_weights_file(
 def read_weights_file(path: str | Path, *, kind: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, manifest) of a file written by :func:`write_weights_file` with this ``kind``."""
     path = Path(path)
-    try:
-        if path.stat().st_size > _MAX_FILE_BYTES:
-            raise BundleError(f"{path}: larger than any valid weights file")
-        raw = path.read_bytes()
-    except OSError as err:
-        raise BundleError(f"cannot read weights file {path}: {err}") from err
+    raw = read_regular_file(path, max_bytes=_MAX_FILE_BYTES, what="weights file", error=BundleError)
     obj = unpack_map(
         raw,
         source=str(path),
@@ -103,4 +98,10 @@ def read_weights_file(path: str | Path, *, kind: str) -> tuple[dict[str, torch.T
         tensors = st_load(obj["tensors"])
     except Exception as err:  # safetensors raises its own SafetensorError
         raise BundleError(f"{path}: unreadable tensors: {err}") from err
+    poisoned = sorted(k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all())
+    if poisoned:  # a NaN weight makes every output NaN on whoever loads it
+        raise BundleError(
+            f"{path}: tensors {poisoned[:3]} hold NaN or infinite values, expected finite weights; "
+            "the file is corrupt or hostile, fetch it again from a trusted source"
+        )
     return tensors, obj["manifest"]

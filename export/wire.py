@@ -2,7 +2,8 @@
 
 Every file format of the toolkit is a msgpack map read from an untrusted source, so decoding is bounded
 (no ext types, capped bin/str/array/map sizes, a total size cap checked before parsing, no repeated map
-key) and every failure is a :class:`BundleError` that names the source and says which kind of file was
+key, only str map keys, at most :data:`MAX_DEPTH` levels: :func:`common.checks.check_tree`) and every
+failure is a :class:`BundleError` that names the source and says which kind of file was
 expected. A file's ``sha256`` is taken over :func:`canonical_bytes` of its map without that key, so a
 flipped byte anywhere in the file is caught, not only in the model.
 
@@ -27,11 +28,13 @@ from typing import Any
 
 import msgpack
 
+from common.checks import check_tree
 from common.errors import BundleError
 
 __all__ = [
     "MAX_CLASSES",
     "MAX_DECODER_CLASSES",
+    "MAX_DEPTH",
     "MAX_EXAMPLES",
     "MAX_INPUT_CHANNELS",
     "MAX_INPUT_ELEMENTS",
@@ -47,6 +50,7 @@ MAX_INPUT_CHANNELS = 16
 MAX_INPUT_ELEMENTS = 1 << 20
 MAX_LATENT_DIM = 4_096
 MAX_EXAMPLES = 1 << 40
+MAX_DEPTH = 16  # maps and arrays in a wire file: its deepest field is three levels down
 
 
 class _RepeatedKey(Exception):
@@ -106,6 +110,7 @@ def unpack_map(
         ) from err
     if not isinstance(obj, dict):
         raise BundleError(f"{source}: a {what} is a msgpack map, got {type(obj).__name__}")
+    check_tree(obj, f"{source}: this {what}", max_depth=MAX_DEPTH, error=BundleError)
     return obj
 
 

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from common import toml
+from common.checks import load_toml, read_regular_file
 from common.errors import ProfileError
 
 __all__ = ["ROLES", "DeviceProfile", "list_profiles", "load_profile", "profile_to_toml"]
+
+MAX_PROFILE_BYTES = 1 << 20  # a profile is a dozen lines
 
 ROLES = ("classifier", "cvae")
 
@@ -114,17 +116,18 @@ def load_profile(name_or_path: str | Path) -> DeviceProfile:
     elif path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise ProfileError(f"profile file {path} does not exist; shipped profiles: {list_profiles()}")
-        text = path.read_text(encoding="utf-8")
         source = str(path)
+        raw = read_regular_file(path, max_bytes=MAX_PROFILE_BYTES, what="profile file", error=ProfileError)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ProfileError(f"{source} must be UTF-8 TOML, got undecodable bytes ({err.reason})") from None
     else:
         raise ProfileError(
             f"unknown profile {str(name_or_path)!r}; "
             f"expected a path to a .toml file or one of {list_profiles()}"
         )
-    try:
-        data = toml.loads(text)
-    except toml.TOMLDecodeError as err:
-        raise ProfileError(f"{source}: not valid TOML ({err}); fix the file") from err
+    data = load_toml(text, source, max_bytes=MAX_PROFILE_BYTES, error=ProfileError)
     return DeviceProfile.from_dict(data, source=source)
 
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common.checks import from_preset, is_number
+from common.checks import check_real_dir, from_preset, is_number
 from common.configs import config_from_dict
 from common.device import check_device, resolve_device
 from common.errors import (
@@ -95,6 +95,7 @@ _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0),
 }
 SYNTH_SOURCES = ("inversion", "generator", "decoder")
+WORK_DIRS = ("synthetic", "generator")  # the folders the sources write into under the output folder
 TOP_UP_STREAM = 1  # derive_seed stream of top_up's decoder draws (the first draw uses the seed itself)
 SYNTHETIC_FILE = "synthetic.npz"  # the distillation set, kept for personalization (server-kit personalize)
 
@@ -105,6 +106,12 @@ def _fast_inversion() -> InversionConfig:
 
 def _fast_distill() -> DistillConfig:
     return DistillConfig(**_DISTILL_PRESETS["fast"])
+
+
+def _check_names(name: str, value: object) -> None:
+    """A list of source names from a config file: a tuple of strs (or None), nothing else."""
+    if value is not None and not (isinstance(value, tuple) and all(isinstance(v, str) for v in value)):
+        raise ConfigError(f"{name} must be a list of {SYNTH_SOURCES}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,6 +192,14 @@ class AggregateConfig:
             raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
         if isinstance(self.synth, str):
             object.__setattr__(self, "synth", tuple(x.strip() for x in self.synth.split(",") if x.strip()))
+        for name in ("synth", "construction_labels"):
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+            ):
+                raise ConfigError(f"{name} must be a list of {SYNTH_SOURCES}, got {value!r}")
+        if not isinstance(self.fedavg_init, bool):
+            raise ConfigError(f"fedavg_init must be a bool, got {self.fedavg_init!r}")
         if self.synth is not None:
             bad = sorted(set(self.synth) - set(SYNTH_SOURCES))
             if not self.synth or bad or len(set(self.synth)) != len(self.synth):
@@ -198,6 +213,7 @@ class AggregateConfig:
                 "construction_labels",
                 tuple(x.strip() for x in self.construction_labels.split(",") if x.strip()),
             )
+        _check_names("construction_labels", self.construction_labels)
         bad = sorted(set(self.construction_labels) - set(SYNTH_SOURCES))
         if bad or len(set(self.construction_labels)) != len(self.construction_labels):
             raise ConfigError(
@@ -261,9 +277,11 @@ class AggregateConfig:
         if self.on_error not in ("stop", "skip"):
             raise ConfigError(f"on_error must be 'stop' or 'skip', got {self.on_error!r}")
         if self.threads is not None and (
-            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+            isinstance(self.threads, bool)
+            or not isinstance(self.threads, int)
+            or not 1 <= self.threads <= 4096
         ):
-            raise ConfigError(f"threads must be None or an integer >= 1, got {self.threads!r}")
+            raise ConfigError(f"threads must be None or an integer in [1, 4096], got {self.threads!r}")
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: Any) -> AggregateConfig:
@@ -356,6 +374,8 @@ def aggregate(
     images, the global test set) is used only to report the accuracy of the written ``global.onnx``.
     """
     out = Path(out_dir)
+    for name in WORK_DIRS:  # before any work: a link left there would take the files elsewhere
+        check_real_dir(out / name)
     previous_threads = torch.get_num_threads()
     # torch's threads: the cores free now (an intra-op barrier waits for a shared core); teachers side by
     # side: every core this process may run on (a worker on a shared core just does fewer teachers)
@@ -443,7 +463,7 @@ def _inversion_source(fed: Federation, config: AggregateConfig, out: Path, progr
         config=config.inversion,
         seed=config.seed,
         device=fed.device,
-        work_dir=out / "synthetic",
+        work_dir=out / WORK_DIRS[0],
         progress=progress,
         label_counts=fed.label_counts if config.inversion.classes == "held" else None,
         precision=config.precision,
@@ -462,7 +482,7 @@ def _generator_source(fed: Federation, config: AggregateConfig, out: Path, progr
         seed=config.seed,
         device=fed.device,
         progress=progress,
-        work_dir=out / "generator",
+        work_dir=out / WORK_DIRS[1],
         precision=config.precision,
     )
     return SourceOutput(part, {"generator_loss": losses[:: max(1, len(losses) // 50)]}, generator)

@@ -35,7 +35,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from common.checks import check_int, check_number
+from common.checks import check_int, check_number, check_real_dir
 from common.configs import config_from_dict
 from common.errors import BundleError, ConfigError, TeacherError
 from common.timing import timed
@@ -239,6 +239,8 @@ def run_round(grid: Grid, config: FlowerServerConfig) -> FlowerResult:
     """The one-shot round on ``grid`` (see the module docstring)."""
     fed = config.federation
     out = fed.out_dir
+    for name in ("clients", "server", "packages"):  # a link there would take the files elsewhere
+        check_real_dir(out / name)
     out.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
     refused: list[Refusal] = []

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.checks import check_int, from_preset, is_number
+from common.checks import check_int, from_preset, is_number, make_real_dir
 from common.device import resolve_device
 from common.errors import BundleError, ConfigError
 from common.loop import step
@@ -597,7 +597,7 @@ def synthesize_generator(
         x, y = x[keep], y[keep]
     synthetic = SyntheticSet(x=x, teacher=torch.full_like(y, NO_TEACHER), target_class=y)
     if work_dir is not None:
-        work = Path(work_dir)
+        work = make_real_dir(work_dir, what="generator work folder")
         atomic_write_bytes(work / "generator.onnx", export_generator(generator, seed=seed))
         atomic_write_json(
             work / "generator.json",

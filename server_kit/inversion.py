@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.checks import differences, from_preset
+from common.checks import differences, from_preset, make_real_dir
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import step
@@ -461,7 +461,7 @@ def synthesize_inversion(
     plans = _teacher_plans(config, len(modules), num_classes, label_counts)
     work = Path(work_dir) if work_dir is not None else None
     if work is not None:
-        work.mkdir(parents=True, exist_ok=True)
+        make_real_dir(work, what="inversion work folder")
         manifest: dict[str, object] = {
             "format": _WORK_FORMAT,
             "config": config.to_dict(),

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 from torch import nn
 
+from common.checks import check_int, is_number
 from common.errors import TeacherError
 from export.onnx_check import check_onnx, parse_onnx
 
@@ -485,7 +486,7 @@ def _prepare(
         return inputs, at
     if op == "Conv":
         at = _pool_attrs(op, label, attrs)
-        at["group"] = int(attrs.get("group", 1))
+        at["group"] = _group(label, attrs)
         return inputs, at
     if op in ("ReduceMean", "ReduceSum", "ReduceMax"):
         axes = from_input(1, "axes")
@@ -515,8 +516,7 @@ def _prepare(
     if op == "Cast":
         return inputs, {"dtype": _torch_dtype(label, int(attrs["to"]))}
     if op == "BatchNormalization":
-        _check_bn(label, attrs)
-        return inputs, {"epsilon": float(attrs.get("epsilon", 1e-5))}
+        return inputs, {"epsilon": _check_bn(label, attrs)}
     if op == "Dropout":
         return inputs[:1], {}
     if op in ("GlobalAveragePool", "GlobalMaxPool"):
@@ -534,12 +534,21 @@ def _prepare(
     return inputs, {k: attrs.get(k, v) for k, v in defaults.get(op, {}).items()}
 
 
-def _check_bn(label: str, attrs: dict[str, Any]) -> None:
+def _check_bn(label: str, attrs: dict[str, Any]) -> float:
+    """The node's epsilon, once it is an inference-mode BatchNormalization with a finite epsilon > 0."""
     if int(attrs.get("training_mode", 0)):
         raise TeacherError(
             f"node {label!r}: BatchNormalization with training_mode=1 uses batch statistics; "
             "export the model in eval mode (model.eval(), training=TrainingMode.PRESERVE)"
         )
+    eps = attrs.get("epsilon", 1e-5)
+    if not is_number(eps) or eps <= 0:
+        raise TeacherError(f"node {label!r}: BatchNormalization epsilon must be finite and > 0, got {eps!r}")
+    return float(eps)
+
+
+def _group(label: str, attrs: dict[str, Any]) -> int:
+    return check_int(f"node {label!r}: Conv group", attrs.get("group", 1), 1, error=TeacherError)
 
 
 def _constant_value(label: str, attrs: dict[str, Any]) -> Tensor:
@@ -578,14 +587,14 @@ def _tensor(name: str, proto: onnx.TensorProto) -> Tensor:
 
 
 def _bn_module(b: _Builder, label: str, inputs: list[str], attrs: dict[str, Any]) -> nn.Module | None:
-    _check_bn(label, attrs)
+    eps = _check_bn(label, attrs)
     x, scale, bias, mean, var = [*inputs, "", "", "", ""][:5]
     if x in b.consts or not all(n in b.consts for n in (scale, bias, mean, var)):
         return None
     rank = b.ranks.get(x, 4)
     bn_class = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 5: nn.BatchNorm3d}.get(rank, nn.BatchNorm2d)
     momentum = 1.0 - float(attrs.get("momentum", 0.9))  # ONNX weights the old value, torch the new one
-    bn = bn_class(b.consts[mean].numel(), eps=float(attrs.get("epsilon", 1e-5)), momentum=momentum)
+    bn = bn_class(b.consts[mean].numel(), eps=eps, momentum=momentum)
     pairs = ((bn.weight, scale), (bn.bias, bias), (bn.running_mean, mean), (bn.running_var, var))
     with torch.no_grad():
         for target, name in pairs:
@@ -603,7 +612,7 @@ def _conv_module(b: _Builder, label: str, inputs: list[str], attrs: dict[str, An
     n = weight.dim() - 2
     at = _pool_attrs("Conv", label, attrs)
     at["kernel"] = list(weight.shape[2:])
-    group = int(attrs.get("group", 1))
+    group = _group(label, attrs)
     explicit = at["auto_pad"] in ("SAME_UPPER", "SAME_LOWER") or at["pads"][:n] != at["pads"][n:]
     padding = [0] * n if explicit or at["auto_pad"] == "VALID" else at["pads"][:n]
     conv_class = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[n - 1]
@@ -709,7 +718,9 @@ def convert_onnx(model_bytes: bytes) -> OnnxModule:
         raise TeacherError(problem)
     for index, node in enumerate(graph.node):  # before the contract: its inference would refuse less clearly
         if node.op_type == "BatchNormalization":
-            _check_bn(node.name or f"{node.op_type}_{index}", {a.name: a.i for a in node.attribute})
+            _check_bn(
+                node.name or f"{node.op_type}_{index}", {a.name: _attr_value(a) for a in node.attribute}
+            )
     names = {init.name for init in graph.initializer}
     data_inputs = [i.name for i in graph.input if i.name not in names]
     if len(data_inputs) != 1 or not graph.output:

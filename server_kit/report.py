@@ -27,6 +27,8 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
+from common.checks import load_json, read_regular_file
+from common.configs import MAX_CONFIG_BYTES
 from common.errors import DataError
 from edge_sdk.curves import check_curve
 from export.atomic import atomic_write_text
@@ -70,6 +72,7 @@ GRIDS = {
 }
 MAX_GRID_BYTES = 8 << 20  # a grid larger than this is not a grid the server wrote: skipped with a note
 MAX_DEVICE_REPORT_BYTES = 4 << 20  # a client's or a personalization's report (tens of KB): read no more
+MAX_RUN_JSON_BYTES = MAX_CONFIG_BYTES  # results.json (replayable as a --config), the server's report
 # the device phases' curves (edge_sdk.curves) the page draws: phase -> (title, {term: its panel's y label});
 # personalization's terms depend on its method, so its one panel is their sum, the loss it trained on
 DEVICE_CURVES = {
@@ -78,6 +81,7 @@ DEVICE_CURVES = {
     "cvae": ("CVAE training", {"recon": "reconstruction (BCE)", "kl": "KL"}),
     "personalize": ("Personalization: on-device training", {}),
 }
+_YEAR_10000 = 253_402_300_800  # seconds since 1970: the first timestamp datetime cannot show
 MAX_LISTED_SKIPS = 5  # malformed curves named in a note; the rest are counted
 
 CSS = """
@@ -112,57 +116,81 @@ def write_report(run_dir: str | Path) -> Path:
 
 def read_run(run_dir: Path) -> Run:
     """Parse the run's files; ``results.json`` is required, the rest is drawn where present."""
-    results = _read_json(run_dir / "results.json", required=True) or {}
+    results = _read_json(run_dir, run_dir / "results.json", required=True) or {}
     clients: dict[int, dict[str, Any]] = {}
     for path in sorted((run_dir / "clients").glob("client_*.bundle.report.json")):
         index = path.name.removeprefix("client_").split(".", 1)[0]
-        report = _read_json(path, limit=MAX_DEVICE_REPORT_BYTES)
+        report = _read_json(run_dir, path, limit=MAX_DEVICE_REPORT_BYTES)
         if index.isdigit() and report is not None:
             clients[int(index)] = report
     personal = []
     for path in sorted((run_dir / "personal").glob("client_*/*/report.json")):
         index = path.parent.parent.name.removeprefix("client_")
-        report = _read_json(path, limit=MAX_DEVICE_REPORT_BYTES)
+        report = _read_json(run_dir, path, limit=MAX_DEVICE_REPORT_BYTES)
         if index.isdigit() and report is not None:
             personal.append((int(index), path.parent.name, report))
     grids = {}
     for name in GRIDS:
-        path = run_dir / "server" / name
-        if path.is_file() and path.stat().st_size <= MAX_GRID_BYTES:
-            grids[name] = path.read_bytes()
+        try:  # a grid larger than any the server writes, or a link, is not drawn
+            grid = _read_file(run_dir, run_dir / "server" / name, MAX_GRID_BYTES)
+        except DataError:
+            grid = None
+        if grid is not None:
+            grids[name] = grid
     return Run(
         results=results,
-        server=_read_json(run_dir / "server" / "report.json"),
-        partition=_read_json(run_dir / "data" / "partition.json"),
+        server=_read_json(run_dir, run_dir / "server" / "report.json"),
+        partition=_read_json(run_dir, run_dir / "data" / "partition.json"),
         clients=clients,
         personal=personal,
         grids=grids,
     )
 
 
-def _read_json(path: Path, *, required: bool = False, limit: int | None = None) -> dict[str, Any] | None:
-    """A JSON object, or None when the file is absent (a DataError when ``required``, malformed or, with
-    ``limit``, larger than that many bytes: checked before it is read)."""
-    if not path.is_file():
+def _inside(run_dir: Path, path: Path) -> bool:
+    """Whether ``path`` lies in ``run_dir`` with no symbolic link on the way (the run directory itself
+    is the user's to give; a link inside it could point anywhere on the machine)."""
+    current = run_dir
+    for part in path.relative_to(run_dir).parts:
+        current = current / part
+        if current.is_symlink():
+            return False
+    return True
+
+
+def _read_file(run_dir: Path, path: Path, limit: int) -> bytes | None:
+    """The bytes of a regular file of at most ``limit`` bytes reached without links, None when absent;
+    DataError for a link, a special file or a larger file (checked before anything is read)."""
+    if not _inside(run_dir, path):
+        raise DataError(
+            f"expected {path} to be a regular file inside the run directory, got a symbolic link on its "
+            "path; fix: replace the link by the file, the report follows no links"
+        )
+    if not path.exists():
+        return None
+    return read_regular_file(path, max_bytes=limit, what="run file", follow_links=False, error=DataError)
+
+
+def _read_json(
+    run_dir: Path, path: Path, *, required: bool = False, limit: int = MAX_RUN_JSON_BYTES
+) -> dict[str, Any] | None:
+    """A JSON object, or None when the file is absent (a DataError when ``required``, malformed, larger
+    than ``limit`` bytes or not a regular file inside the run: checked before it is read)."""
+    data = _read_file(run_dir, path, limit)
+    if data is None:
         if required:
             raise DataError(
                 f"expected the run's {path.name} at {path}, got no such file; fix: pass the output directory "
                 "of a finished `server-kit simulate` run (results.json is written when it ends)"
             )
         return None
-    size = path.stat().st_size
-    if limit is not None and size > limit:
-        raise DataError(
-            f"expected {path} to be at most {limit} bytes, got {size}; fix: remove the file, which no "
-            "client of this toolkit wrote, or rerun the step that wrote it"
-        )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise DataError(f"expected JSON in {path}, got {err}; fix: rerun the step that wrote it") from err
-    if not isinstance(data, dict):
-        raise DataError(f"expected a JSON object in {path}, got {type(data).__name__}; fix: rerun the run")
-    return data
+        obj = load_json(data, str(path), max_bytes=limit, error=DataError)
+    except DataError as err:
+        raise DataError(f"expected JSON in {path}, got {err}; fix: rerun the step that wrote it") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"expected a JSON object in {path}, got {type(obj).__name__}; fix: rerun the run")
+    return obj
 
 
 # --- the page -----------------------------------------------------------------------------------------------
@@ -281,7 +309,9 @@ def _header(run: Run) -> str:
         ["resumed clients", results.get("resumed_clients")],
         [
             "started (UTC)",
-            datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds") if started else "",
+            datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds")
+            if started is not None and 0 < started < _YEAR_10000
+            else "",
         ],
     ]
     config_json = json.dumps(config, indent=2, sort_keys=True, default=str)

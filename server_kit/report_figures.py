@@ -47,9 +47,16 @@ PHASE_TOTALS = ("total", "server_total")  # sums of other phases: stated in the 
 DPI = 100
 
 
+MAX_DRAWN = 1e15  # |value| of anything drawn or printed: past it matplotlib's axis maths and time
+# conversions overflow (1e308 is a finite float), and no count, loss or time of a run comes near it
+
+
 def number(value: Any) -> float | None:
-    """A finite int or float as float, else None (a bool is no number here)."""
-    return float(value) if is_number(value) else None
+    """A finite int or float of at most :data:`MAX_DRAWN` in size as float, else None (a bool is no
+    number here; nor is an int past float range, which ``float`` would raise on)."""
+    if not is_number(value) or not -MAX_DRAWN <= value <= MAX_DRAWN:
+        return None
+    return float(value)
 
 
 def numbers(value: Any) -> list[float] | None:

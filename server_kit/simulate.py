@@ -38,9 +38,18 @@ from typing import Any, Literal, get_args
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from common import toml
-from common.checks import from_preset
-from common.configs import config_from_dict
+from common.checks import (
+    check_int,
+    check_number,
+    check_real_dir,
+    check_str,
+    from_preset,
+    is_number,
+    load_toml,
+    make_real_dir,
+    read_regular_file,
+)
+from common.configs import MAX_CONFIG_BYTES, config_from_dict
 from common.device import check_device, resolve_device
 from common.errors import ConfigError
 from common.timing import timed
@@ -99,6 +108,10 @@ logger = logging.getLogger("server_kit")  # the lines shown while the clients' b
 log = logging.getLogger(__name__)  # the resume decisions, before the bar; through server_kit's handler
 
 
+MAX_CLIENTS = 100_000  # clients of one simulated federation (and worker processes)
+MAX_SIMULATE_SEED = 2**62  # client k runs with seed + k: the sum stays a 64-bit seed
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimulateConfig:
     """A simulated federation. Client ``k`` gets profile ``profiles[k % len(profiles)]`` unless
@@ -145,8 +158,7 @@ class SimulateConfig:
     resume: ResumeMode = "auto"
 
     def __post_init__(self) -> None:
-        if self.num_clients < 1:
-            raise ConfigError(f"num_clients must be >= 1, got {self.num_clients}")
+        self._check_scalars()
         # the dataset and the split are checked here, not after seconds of partitioning
         partition_settings(
             self.dataset,
@@ -155,7 +167,6 @@ class SimulateConfig:
             seed=self.seed,
             min_size=self.min_size,
         )
-        check_device(self.device)
         if not isinstance(self.aggregate, AggregateConfig):
             raise ConfigError(f"aggregate must be an AggregateConfig, got {type(self.aggregate).__name__}")
         if self.aggregate.seed != self.seed:  # one seed: the server's is the federation's
@@ -176,6 +187,31 @@ class SimulateConfig:
         object.__setattr__(self, "out_dir", Path(self.out_dir))
         if self.profile_map is not None:
             object.__setattr__(self, "profile_map", Path(self.profile_map))
+
+    def _check_scalars(self) -> None:
+        """Types and ranges of the plain fields, before anything uses them (a config file may hold any
+        JSON / TOML / YAML value in any of them)."""
+        check_str("dataset", self.dataset, max_bytes=256)
+        check_int("num_clients", self.num_clients, 1, MAX_CLIENTS)
+        check_int("seed", self.seed, 0, MAX_SIMULATE_SEED)
+        check_int("min_size", self.min_size, 0)
+        check_int("jobs", self.jobs, 1, MAX_CLIENTS)
+        check_number("alpha", self.alpha, positive=True)
+        if not is_number(self.val_fraction) or not 0 < self.val_fraction < 1:  # type: ignore[operator]
+            raise ConfigError(f"val_fraction must be in (0, 1), a number, got {self.val_fraction!r}")
+        for name in ("out_dir", "profile_map", "data_root"):
+            value = getattr(self, name)
+            if not (value is None and name != "out_dir") and not (
+                isinstance(value, str | Path) and str(value)
+            ):
+                raise ConfigError(f"{name} must be a non-empty path, got {value!r}")
+        for name in ("progress", "unknown_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        check_device(self.device)
+        profiles = self.profiles if isinstance(self.profiles, tuple | list) else None
+        if profiles is None or not all(isinstance(p, str) and p for p in profiles):
+            raise ConfigError(f"profiles must be a list of profile names, got {self.profiles!r}")
 
     @classmethod
     def preset(cls, name: str, *, dataset: str, out_dir: Path | str, **fields: Any) -> SimulateConfig:
@@ -263,10 +299,11 @@ def assign_profiles(num_clients: int, profiles: tuple[str, ...], profile_map: Pa
     """Profile name of every client: round-robin over ``profiles``, then overrides from ``profile_map``."""
     names = [profiles[k % len(profiles)] if profiles else "" for k in range(num_clients)]
     if profile_map is not None:
+        raw = read_regular_file(profile_map, max_bytes=MAX_CONFIG_BYTES, what="profile map")
         try:
-            data = toml.loads(Path(profile_map).read_text(encoding="utf-8"))
-        except (OSError, toml.TOMLDecodeError) as err:
-            raise ConfigError(f"cannot read profile map {profile_map}: {err}") from err
+            data = load_toml(raw.decode("utf-8"), f"profile map {profile_map}", max_bytes=MAX_CONFIG_BYTES)
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"profile map {profile_map} must be UTF-8 TOML ({err.reason})") from None
         unknown = sorted(set(data) - {"default", "clients"})
         if unknown:
             raise ConfigError(
@@ -497,6 +534,8 @@ def simulate(config: SimulateConfig) -> SimulateResult:
 
     out = config.out_dir
     assign_profiles(config.num_clients, config.profiles, config.profile_map)  # a bad name fails first
+    for name in ("data", "clients", "server", "personal"):  # a link there would take the files elsewhere
+        check_real_dir(out / name)
     for device in (config.device, config.aggregate.device):  # a missing GPU too, before the partition
         resolve_device(device)
     seconds: dict[str, float] = {}
@@ -529,7 +568,7 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         # --- clients (each one is a device); reuse finished bundles so a killed run resumes ------------
         t0 = time.perf_counter()  # not `timed`: the phase ends after the worker pool has shut down, below
         client_dir = out / "clients"
-        client_dir.mkdir(parents=True, exist_ok=True)
+        make_real_dir(client_dir)
         bundles = [client_dir / f"{name}.bundle" for name in names_on_disk]
         plan = plan_clients(config, load_client_data(out / "data" / "test.npz"))
         names, client_configs = list(plan.profiles), list(plan.configs)

@@ -23,6 +23,7 @@ from server_kit.decoders import load_decoder, sample_decoders
 from server_kit.labels import held_classes, teacher_probs
 from server_kit.teachers import load_teachers
 from tests.fuzz import seeds as seeds_module
+from tests.fuzz.hostile import hostile_consumers
 
 __all__ = ["CONSUMERS", "Consumer"]
 
@@ -91,4 +92,5 @@ CONSUMERS: dict[str, Consumer] = {
     "package": consume_package,
     "supernet": consume_supernet,
     "weights": consume_weights,
+    **hostile_consumers(),
 }

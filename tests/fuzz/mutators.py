@@ -27,6 +27,8 @@ from export.bundle import read_bundle
 from export.package import read_package
 from export.weights_file import read_weights_file
 from tests.fuzz import seeds as seeds_module
+from tests.fuzz.hostile import HOSTILE_MUTATIONS
+from tests.fuzz.onnx_mutators import MUST_REFUSE as ONNX_MUST_REFUSE
 from tests.fuzz.onnx_mutators import ONNX_MUTATIONS
 from tests.fuzz.wire import (
     HarnessError,
@@ -68,6 +70,8 @@ class SeedFile:
 
 def load_seed(kind: str, path: Path) -> SeedFile:
     data = path.read_bytes()
+    if kind not in seeds_module.WIRE_KINDS:  # issue #34's boundaries: bytes the consumer interprets
+        return SeedFile(kind, data, {}, HashScheme(()), None)
     wire = decode(data)
     if kind in ("classifier", "decoder"):
         obj: Any = read_bundle(path)
@@ -360,7 +364,7 @@ def _onnx_mutator(name: str) -> Mutate:
         model = onnx.load_from_string(seed.wire[field])
         note = mutation(model, rng, workdir)
         data = rewrite(seed, {(field,): model.SerializeToString()})
-        return Mutant(data, f"{field}: {note}", must_refuse=name == "onnx_external_data")
+        return Mutant(data, f"{field}: {note}", must_refuse=name in ONNX_MUST_REFUSE)
 
     mutate.__name__ = name
     return mutate
@@ -408,6 +412,89 @@ def safetensors_header(seed: SeedFile, rng: np.random.Generator, _: Path) -> Mut
     return Mutant(rewrite(seed, {("tensors",): blob}), f"safetensors {variant} ({name})")
 
 
+# ---------------------------------------------------------------- issue #34: well-formed but hostile
+
+
+def mixed_keys(seed: SeedFile, rng: np.random.Generator, _: Path) -> Mutant:
+    """A bytes key beside the str keys of a map (msgpack allows both): sorting or hashing such a map
+    raises TypeError in a reader that does not check key types first."""
+    maps = [()] + [p for p in _field_paths(seed) if isinstance(_get(seed.wire, p), dict)]
+    parent = _pick(rng, maps)
+    key = _pick(rng, [b"fuzz", b"sha256", b"\xff\xfe", b""])
+    wire = copy.deepcopy(seed.wire)
+    _set(wire, (*parent, key), _pick(rng, [1, "x", b"y", None]))
+    return Mutant(encode_map(wire, seed.scheme), f"bytes key {key!r} in {parent}", must_refuse=True)
+
+
+def _nested(depth: int, leaf: Any, as_map: bool) -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = {"k": value} if as_map else [value]
+    return value
+
+
+def deep_nesting(seed: SeedFile, rng: np.random.Generator, _: Path) -> Mutant:
+    """A field (or a new key) holding lists or maps nested 17 to 500 levels deep: a recursive sort,
+    hash or print of it raises RecursionError before any hash check."""
+    depth = int(_pick(rng, [17, 64, 200, 500]))
+    value = _nested(depth, int(_pick(rng, [1, 0])), bool(rng.random() < 0.5))
+    path = _pick(rng, [p for p in _field_paths(seed) if len(p) == 1] + [("fuzz_deep",)])
+    wire = copy.deepcopy(seed.wire)
+    _set(wire, path, value)
+    return Mutant(encode_map(wire, seed.scheme), f"{path} nested {depth} deep", must_refuse=True)
+
+
+_HOSTILE_ARCHS = [
+    "C" + "9" * 5000 + "k3-P-F10",
+    "C4k3-P-F" + "1" * 4400,
+    "cvae-small-z" + "7" * 5000,
+    "mbv3:s" + "1" * 4500 + "-16:k3e3",
+    '{"kind": "fuzz"}',
+    '{"kind": ["chain"]}',
+    '{"kind": "chain", "layers": 5}',
+    '{"kind": "chain", "layers": [{"type": "C", "out_channels": "x", "kernel_size": []}]}',
+    '{"kind": "elastic"}',
+    '{"kind": "zoo", "name": ' + "[" * 300 + "]" * 300 + "}",
+    "[" * 5000 + "]" * 5000,
+    '{"kind": "chain", "layers": [' + "1" * 5000 + "]}",
+    '{"kind": "chain", "x": NaN}',
+]
+
+
+def arch_text(seed: SeedFile, rng: np.random.Generator, _: Path) -> Mutant:
+    """The architecture string a reader parses into a model: digit runs past int()'s 4,300-digit limit,
+    JSON of an unknown kind, of wrong types, too deep, or with NaN."""
+    field = "global_arch" if seed.kind == "package" else "arch"
+    arch = str(_pick(rng, _HOSTILE_ARCHS))
+    # the device builds the package's global model from its arch; the server runs a teacher's ONNX and
+    # keeps its arch as a label, so an unparsable one may be accepted there, but must not crash
+    refuse = seed.kind == "package"
+    return Mutant(rewrite(seed, {(field,): arch}), f"{field} = {arch[:40]!r}...", must_refuse=refuse)
+
+
+def nonfinite_tensors(seed: SeedFile, rng: np.random.Generator, _: Path) -> Mutant:
+    """NaN or +-Inf in a float tensor of a weights file (a supernet, shared weights)."""
+    header, body = _safetensors_parts(seed.wire["tensors"])
+    names = sorted(k for k in header if k != "__metadata__" and header[k]["dtype"] in ("F32", "F64"))
+    name = str(_pick(rng, names))
+    dtype = np.float32 if header[name]["dtype"] == "F32" else np.float64
+    begin, end = header[name]["data_offsets"]
+    values = np.frombuffer(body[begin:end], dtype=dtype).copy()
+    value = _pick(rng, [np.nan, np.inf, -np.inf])
+    values[int(rng.integers(values.size))] = value
+    blob = seed.wire["tensors"][: len(seed.wire["tensors"]) - len(body)]
+    blob += body[:begin] + values.tobytes() + body[end:]
+    return Mutant(rewrite(seed, {("tensors",): blob}), f"one value of {name} = {value}", must_refuse=True)
+
+
+def _hostile(fn: Callable[[bytes, np.random.Generator, Path], tuple[bytes, str, bool]]) -> Mutate:
+    def mutate(seed: SeedFile, rng: np.random.Generator, workdir: Path) -> Mutant:
+        return Mutant(*fn(seed.data, rng, workdir))
+
+    mutate.__name__ = fn.__name__
+    return mutate
+
+
 @dataclass(frozen=True)
 class Mutator:
     name: str
@@ -415,16 +502,17 @@ class Mutator:
     mutate: Mutate
 
 
-_ALL = seeds_module.KINDS
+_ALL = seeds_module.WIRE_KINDS
+_BYTES = (*_ALL, "config", "init")  # raw byte mutations: files read as they are
 _ONNX_KINDS = ("classifier", "decoder", "package")
 _WEIGHTS_KINDS = ("supernet", "weights")
 
 MUTATORS: dict[str, Mutator] = {
     m.name: m
     for m in [
-        Mutator("byte_flip", _ALL, byte_flip),
-        Mutator("truncate", _ALL, truncate),
-        Mutator("insert", _ALL, insert),
+        Mutator("byte_flip", _BYTES, byte_flip),
+        Mutator("truncate", _BYTES, truncate),
+        Mutator("insert", _BYTES, insert),
         Mutator("field_type", _ALL, field_type),
         Mutator("field_int", _ALL, field_int),
         Mutator("huge_container", _ALL, huge_container),
@@ -436,6 +524,11 @@ MUTATORS: dict[str, Mutator] = {
         Mutator("onnx_bytes", _ONNX_KINDS, onnx_bytes),
         *(Mutator(name, _ONNX_KINDS, _onnx_mutator(name)) for name in ONNX_MUTATIONS),
         Mutator("safetensors_header", _WEIGHTS_KINDS, safetensors_header),
+        Mutator("mixed_keys", _ALL, mixed_keys),
+        Mutator("deep_nesting", _ALL, deep_nesting),
+        Mutator("arch_text", _ONNX_KINDS, arch_text),
+        Mutator("nonfinite_tensors", _WEIGHTS_KINDS, nonfinite_tensors),
+        *(Mutator(name, kinds, _hostile(fn)) for name, (kinds, fn) in HOSTILE_MUTATIONS.items()),
     ]
 }
 

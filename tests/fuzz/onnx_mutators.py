@@ -328,6 +328,73 @@ def sparse(model: onnx.ModelProto, rng: np.random.Generator, _: Path) -> str:
     return f"sparse initializer {tensor.name}" + (" of 4 TiB dense" if huge else "")
 
 
+def nonfinite(model: onnx.ModelProto, rng: np.random.Generator, _: Path) -> str:
+    """NaN or +-Inf in one float initializer: the model still runs, and poisons whoever runs it."""
+    tensor = _pick(rng, _float_initializers(model))
+    assert isinstance(tensor, TensorProto)
+    values = numpy_helper.to_array(tensor).copy()
+    value = _pick(rng, [np.nan, np.inf, -np.inf])
+    count = int(rng.integers(1, values.size + 1))
+    values.reshape(-1)[:count] = value
+    tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+    return f"{count} of {values.size} values of {tensor.name} = {value}"
+
+
+_EXTREME_STEPS = [0, 2**31, 2**63 - 1, -(2**63), -(2**31), 2**21]
+
+
+def _data_input(model: onnx.ModelProto) -> onnx.ValueInfoProto:
+    names = {i.name for i in model.graph.initializer}
+    return next(i for i in model.graph.input if i.name not in names)
+
+
+def hostile_attrs(model: onnx.ModelProto, rng: np.random.Generator, _: Path) -> str:
+    """Values onnx's checker lets through: Conv group 0 or negative, a BatchNormalization epsilon that is
+    negative or not finite, and a Slice of the input's shape with an extreme step (onnx's own shape
+    inference allocates without bound, or crashes, on steps near 2**63). The extra nodes dangle: the
+    graph's outputs are unchanged, so only a checker that reads every node catches them."""
+    variant = str(_pick(rng, ["group", "epsilon", "slice"]))
+    x = _data_input(model)
+    if variant == "group":
+        convs = [n for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose")]
+        group = int(_pick(rng, [0, -1, -(2**31), 2**40]))
+        if convs:
+            node = _pick(rng, convs)
+            assert isinstance(node, onnx.NodeProto)
+            kept = [a for a in node.attribute if a.name != "group"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("group", group)])
+            return f"Conv {node.name!r} group {group}"
+        variant = "epsilon"
+    if variant == "epsilon":
+        channels = x.type.tensor_type.shape.dim[1].dim_value or 1
+        eps = float(_pick(rng, [-1e-5, -1.0, float("nan"), float("inf"), 0.0]))
+        params = [f"fuzz_bn_{k}" for k in ("scale", "bias", "mean", "var")]
+        for name in params:
+            model.graph.initializer.append(numpy_helper.from_array(np.ones(channels, np.float32), name))
+        model.graph.node.append(
+            helper.make_node("BatchNormalization", [x.name, *params], ["fuzz_bn_out"], epsilon=eps)
+        )
+        return f"dangling BatchNormalization epsilon {eps}"
+    step = int(_pick(rng, _EXTREME_STEPS))
+    start, end = _pick(rng, [(0, 2**63 - 1), (-1, -(2**63)), (2**63 - 1, -(2**63))])  # type: ignore[misc]
+    for name, value in (("start", start), ("end", end), ("axis", 0), ("step", step)):
+        model.graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), f"fuzz_{name}"))
+    model.graph.node.extend(
+        [
+            helper.make_node("Shape", [x.name], ["fuzz_shape"]),
+            helper.make_node(
+                "Slice",
+                ["fuzz_shape", "fuzz_start", "fuzz_end", "fuzz_axis", "fuzz_step"],
+                ["fuzz_sliced"],
+            ),
+        ]
+    )
+    return f"dangling Slice of the input shape, [{start}:{end}:{step}]"
+
+
+MUST_REFUSE = frozenset({"onnx_external_data", "onnx_nonfinite", "onnx_attrs"})
+
 ONNX_MUTATIONS: dict[str, OnnxMutation] = {
     "onnx_input_dims": input_dims,
     "onnx_extra_output": extra_output,
@@ -341,4 +408,6 @@ ONNX_MUTATIONS: dict[str, OnnxMutation] = {
     "onnx_raw_length": raw_length,
     "onnx_external_data": external_data,
     "onnx_sparse": sparse,
+    "onnx_nonfinite": nonfinite,
+    "onnx_attrs": hostile_attrs,
 }

@@ -22,8 +22,10 @@ from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_decoder_onnx, export_onnx
 from export.package import Package, write_package
 from export.weights_file import write_weights_file
+from tests.fuzz.hostile import HOSTILE_KINDS, build_hostile_seeds
 
-KINDS = ("classifier", "decoder", "package", "supernet", "weights")
+WIRE_KINDS = ("classifier", "decoder", "package", "supernet", "weights")  # msgpack maps with a sha256
+KINDS = (*WIRE_KINDS, *HOSTILE_KINDS)
 SHAPE = (1, 8, 8)
 NUM_CLASSES = 10
 LATENT_DIM = 3
@@ -131,4 +133,5 @@ def build_seeds(root: str | Path) -> Seeds:
     y = torch.arange(40) % NUM_CLASSES
     x = torch.randint(0, 256, (40, *SHAPE), dtype=torch.uint8, generator=gen)
     data = save_client_data(root / "data.npz", ArrayDataset(x, y, NUM_CLASSES))
+    files.update(build_hostile_seeds(root))
     return Seeds(root=root, files=files, own_bundle=own_bundle, data=data)

@@ -1,6 +1,8 @@
-"""Fuzzing every reader with mutated bundles, packages, supernets and weights files (issue #16).
+"""Fuzzing every reader with mutated bundles, packages, supernets and weights files (issue #16), and
+issue #34's boundaries: hostile but well-formed wire maps, config files, shared initial weights, Flower
+task fields and run directories (:mod:`tests.fuzz.hostile`).
 
-A few hundred cases (``FUZZ_CASES``, default 288 = 3 per kind x mutator pair; ``FUZZ_SEED``, ``FUZZ_JOBS``)
+A few hundred cases (``FUZZ_CASES``, default 264 = 2 per kind x mutator pair; ``FUZZ_SEED``, ``FUZZ_JOBS``)
 run in forked children; no case may crash outside ToolkitError, hang past 10 s, go over 2x the honest
 peak RSS, touch the planted secret, or be accepted when it must be refused. Failures name the case id:
 replay one with ``python benchmarks/fuzz.py --replay <id>``. The harness is tested first, so a quiet
@@ -27,7 +29,7 @@ from tests.fuzz.runner import Runner
 from tests.fuzz.seeds import KINDS
 from tests.fuzz.wire import encode_map
 
-CASES = int(os.environ.get("FUZZ_CASES", "288"))
+CASES = int(os.environ.get("FUZZ_CASES", "264"))
 SEED = int(os.environ.get("FUZZ_SEED", "0"))
 JOBS = int(os.environ.get("FUZZ_JOBS", "2"))
 

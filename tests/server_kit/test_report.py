@@ -283,7 +283,7 @@ def test_a_client_report_too_large_is_refused_before_it_is_read(run, tmp_path):
     copy = copy_run(run, tmp_path / "run")
     path = copy / "clients" / "client_00.bundle.report.json"
     path.write_text(json.dumps({"pad": "x" * MAX_DEVICE_REPORT_BYTES}))
-    with pytest.raises(DataError, match=r"to be at most 4194304 bytes, got 41943\d\d; fix:"):
+    with pytest.raises(DataError, match=r"must be at most 4194304 bytes, got 41943\d\d"):
         write_report(copy)
 
 

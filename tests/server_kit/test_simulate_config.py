@@ -151,7 +151,11 @@ def test_a_missing_gpu_is_refused_before_the_partition(tmp_path, monkeypatch):
         ),
         ('dataset = "digits"\n', [], "without out_dir; fix: add it to the file, or give --out"),
         ('dataset = "digits"\n', ["--out", "o", "--method", "fedmho"], "takes --method .* or --config"),
-        ('dataset = "digits"\nnum_clients = 0\n', ["--out", "o"], "num_clients must be >= 1, got 0"),
+        (
+            'dataset = "digits"\nnum_clients = 0\n',
+            ["--out", "o"],
+            r"num_clients must be an integer in \[1, 100000\], got 0",
+        ),
     ],
 )
 def test_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys, text, extra, message):
