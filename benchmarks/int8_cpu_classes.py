@@ -107,18 +107,29 @@ def summary(args: argparse.Namespace) -> None:
                     "scheme": scheme,
                     "agreement": float((preds[key] == fp32).mean()),
                     "images": len(preds[key]),
+                    "same_as_native": None
+                    if ref is None
+                    else float((ref[key][: len(fp32)] == preds[key]).mean()),
                     "int8_acc": float((preds[key] == y[: len(fp32)]).mean()),
                     "fp32_acc": float((fp32 == y[: len(fp32)]).mean()),
                 }
             )
     (work / "summary.json").write_text(json.dumps(rows, indent=1))
-    print("| CPU class | family | scheme | test images | agreement with fp32 | int8 top-1 | fp32 top-1 |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| CPU class | family | scheme | test images | agreement with fp32 | same int8 prediction as native "
+        "| int8 top-1 | fp32 top-1 |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['cpu']} | {r['family']} | {r['scheme']} | {r['images']} | {100 * r['agreement']:.2f} % "
+            f"| {_percent(r['same_as_native'])} "
             f"| {100 * r['int8_acc']:.2f} % | {100 * r['fp32_acc']:.2f} % |"
         )
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.2f} %"
 
 
 def main(argv: list[str] | None = None) -> None:
