@@ -4,7 +4,7 @@ the configured epochs, and a CVAE, each with its validation metrics and cost as 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -38,6 +38,9 @@ def train_final(
     optimizer: torch.optim.Optimizer | None = None,
     precision: str = "auto",
     stop: Callable[[], bool] | None = None,
+    track_val: bool = False,
+    plateau: Callable[[Sequence[float]], bool] | None = None,
+    prior_val: Sequence[float] = (),
 ) -> TrainedModel:
     """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
 
@@ -48,6 +51,10 @@ def train_final(
     image called unknown as wrong. ``precision`` is the training's (:mod:`edge_sdk.precision`); the
     validation numbers are measured in float32, the exported model's precision. ``stop`` (a time budget,
     asked after each epoch) may end the training early; ``final_epochs`` records the epochs trained.
+    ``track_val`` measures the validation loss and accuracy after every epoch (the history's ``val_loss``
+    and ``val_accuracy``); ``plateau`` (which implies it) is asked after each epoch with the validation
+    losses so far, ``prior_val`` (the epochs ``init`` already trained) first, and True ends the training
+    (:func:`edge_sdk.halving.plateaued`; the metrics' ``plateau_stopped``).
     """
     spec = parse_arch(arch)
     num_classes = train_split.num_classes
@@ -70,6 +77,19 @@ def train_final(
     start = time.perf_counter()
     if optimizer is None:
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    curve: list[tuple[float, float]] = []  # (val loss, val accuracy) after each epoch, when tracked
+    why: list[str] = []
+
+    def after_epoch() -> bool:  # asked after every epoch but the last
+        if track_val or plateau is not None:
+            curve.append(evaluate(model, val_split, device=dev))
+            model.train()
+        if stop is not None and stop():
+            why.append("budget")
+        elif plateau is not None and plateau([*prior_val, *(loss for loss, _ in curve)]):
+            why.append("plateau")
+        return bool(why)
+
     losses = train(
         model,
         train_split,
@@ -80,9 +100,11 @@ def train_final(
         device=dev,
         progress=progress,
         optimizer=optimizer,
-        stop=stop,
+        stop=after_epoch,
     )
-    val_loss, val_acc = evaluate(model, val_split, device=dev)
+    if len(curve) < len(losses) or not losses:  # the last epoch's numbers are not measured yet
+        curve.append(evaluate(model, val_split, device=dev))
+    val_loss, val_acc = curve[-1]
     model = model.cpu().eval()
     cost = profile_model(model, train_split.input_shape, batch_size=batch_size)
     metrics = {
@@ -90,6 +112,7 @@ def train_final(
         "val_loss": float(val_loss),
         "train_loss": float(losses[-1]) if losses else float("nan"),
         "final_epochs": len(losses),
+        "plateau_stopped": why == ["plateau"],
         "train_seconds": round(time.perf_counter() - start, 3),
         **{k: int(v) for k, v in cost.to_dict().items()},
     }
@@ -104,7 +127,17 @@ def train_final(
         unknown_output=unknown_output,
         class_names=train_split.class_names,
         optimizer=optimizer,
-        history=tuple({"train_loss": loss} for loss in losses),
+        history=_history(losses, curve if track_val or plateau is not None else []),
+    )
+
+
+def _history(losses: list[float], curve: list[tuple[float, float]]) -> tuple[dict[str, float], ...]:
+    """Per epoch: the training loss, and the validation numbers where they were measured every epoch."""
+    if not curve:
+        return tuple({"train_loss": loss} for loss in losses)
+    return tuple(
+        {"train_loss": loss, "val_loss": val_loss, "val_accuracy": val_acc}
+        for loss, (val_loss, val_acc) in zip(losses, curve, strict=False)
     )
 
 

@@ -19,6 +19,7 @@ from common.checks import check_int, is_number
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import family_of, parse_arch
 from edge_sdk.chain import CHAIN_FAMILY, MAX_DEPTH, ChainSpec, Layer
+from edge_sdk.halving import schedule_epochs
 from edge_sdk.spaces.chain import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth, narrow
 from edge_sdk.strategies.base import SearchConfig, check_arch
 from edge_sdk.strategies.evaluator import Evaluation, Evaluator, Found
@@ -62,6 +63,11 @@ class PSOConfig(SearchConfig):
             cost 2.5x the winner's alone, while the finalists' validation accuracies spanned 0-1.8
             points (median 0.55); a quarter of the epochs on all the data is 4-10x the data the
             search's fitness saw, and the cost falls from 3 to 1.5 final trainings.
+        finalist_keep: the share of the finalists that goes on after each rung of the halving
+            (:func:`edge_sdk.halving.halving_rungs`; the :meth:`finalist_epochs` spread over the rungs):
+            0.5 with three finalists trains all three one epoch, the best two (by the one-standard-error
+            ranking) a second, and the best of those on; 0 decides among all of them at once, after
+            :meth:`finalist_epochs`.
     """
 
     strategy: ClassVar[str] = "pso"
@@ -85,6 +91,7 @@ class PSOConfig(SearchConfig):
     warm_start: bool = True
     finalists: int = 3
     finalist_share: float = 0.25
+    finalist_keep: float = 0.5
 
     def __post_init__(self) -> None:
         for name, low in (("particles", 1), ("iterations", 0), ("repeats", 1), ("finalists", 1)):
@@ -95,6 +102,11 @@ class PSOConfig(SearchConfig):
             raise ConfigError(f"warm_start must be a bool, got {self.warm_start!r}")
         if not (is_number(self.finalist_share) and 0.0 < self.finalist_share <= 1.0):  # type: ignore[operator]
             raise ConfigError(f"finalist_share must be a number in (0, 1], got {self.finalist_share!r}")
+        if not (is_number(self.finalist_keep) and 0.0 <= self.finalist_keep < 1.0):  # type: ignore[operator]
+            raise ConfigError(
+                f"finalist_keep must be a number in [0, 1), got {self.finalist_keep!r}; fix: the share of "
+                "finalists kept after each rung (0: one rung)"
+            )
         if not (isinstance(self.cg, int | float) and 0.0 <= self.cg <= 1.0):
             raise ConfigError(f"cg must be a number in [0, 1], got {self.cg!r}")
         check_arch("fixed_arch", self.fixed_arch)
@@ -106,7 +118,7 @@ class PSOConfig(SearchConfig):
         return min(self.final_epochs, max(1, round(self.finalist_share * self.final_epochs)))
 
     def final_training_epochs(self) -> int:
-        return self.final_epochs + (self.finalists - 1) * self.finalist_epochs()
+        return schedule_epochs(self.finalists, self.finalist_epochs(), self.finalist_keep, self.final_epochs)
 
     def rng_streams(self) -> int:
         return self.repeats
