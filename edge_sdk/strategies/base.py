@@ -85,11 +85,13 @@ class SearchConfig:
         max_train_samples: train each candidate on a seeded random subset this large (None = the whole
             split). A speed knob: fitness is still measured on the whole validation split. The fast
             default of 2000 keeps a 6,000-image MNIST client's search to a few minutes on 2 CPU cores.
-        plateau_patience, plateau_min_epochs, plateau_min_delta: the final training stops once its
-            validation loss (measured after every epoch) has not fallen by more than ``plateau_min_delta``
-            of its best for ``plateau_patience`` epochs, after at least ``plateau_min_epochs``
+        plateau_patience: the final training stops once its validation loss (measured after every
+            epoch) has not fallen by more than ``plateau_min_delta`` of its best for this many epochs
             (:func:`edge_sdk.halving.plateaued`): the epochs after the curve flattened buy the device
-            nothing. ``final_epochs`` stays the most it trains; patience 0 trains every epoch (``paper``).
+            nothing. ``final_epochs`` stays the most it trains; 0 trains every epoch (``paper``).
+        plateau_min_epochs: the fewest epochs of final training before the plateau rule may stop it.
+        plateau_min_delta: the fall of the validation loss, as a share of its best so far, that still
+            counts as progress for the plateau rule.
     """
 
     strategy: ClassVar[str]

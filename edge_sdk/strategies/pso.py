@@ -55,10 +55,11 @@ class PSOConfig(SearchConfig):
             Short-training fitness misranks candidates whose curves cross later (measured on MNIST:
             CNN1 lost to a chain that ended 1.4 points below it); this buys the final ranking for
             ``finalists - 1`` extra final trainings. 1 = Algorithm 2 (``paper``).
-        finalist_share: ours, successive halving of the finalists: each trains
-            :meth:`finalist_epochs` (this share of ``final_epochs``, at least one) on the whole training
-            split, and one goes on to ``final_epochs``: the cheapest within one standard error of the
-            most accurate on validation (``edge_sdk.client``). 1.0 trains every finalist fully.
+        finalist_share: ours, successive halving of the finalists: the last one is chosen after
+            :meth:`finalist_epochs` (this share of ``final_epochs``, at least one, spread over the rungs
+            of ``finalist_keep``) on the whole training split and goes on to ``final_epochs``: the
+            cheapest within one standard error of the most accurate on validation (``edge_sdk.client``).
+            1.0 with ``finalist_keep`` 0 trains every finalist fully.
             Measured on the MNIST clients (benchmarks/RESULTS.md, "Speed"): the three full trainings
             cost 2.5x the winner's alone, while the finalists' validation accuracies spanned 0-1.8
             points (median 0.55); a quarter of the epochs on all the data is 4-10x the data the
