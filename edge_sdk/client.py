@@ -386,6 +386,7 @@ def _train_finalists(
             "final_val_accuracy": best.metrics["val_accuracy"],
             "final_val_loss": best.metrics["val_loss"],
             "final_epochs": best.metrics["final_epochs"],
+            "best_epoch": best.metrics["best_epoch"],
         }
     out = [rows[i] | {"chosen": i == chosen} for i in sorted(rows)]
     return best, out, cut
@@ -405,7 +406,8 @@ def _train_more(
     """``epochs`` more of ``arch``'s final training: from ``before`` (its module and optimizer, one
     history and count of epochs and seconds over both runs), else from scratch (or, for a supernet's
     subnet, from the supernet's weights: HAPFNAS fine-tunes it locally). The validation numbers are
-    measured every epoch where the search config has a plateau rule."""
+    measured every epoch where the search config has a plateau rule; with ``plateau`` the weights of the
+    lowest validation loss are returned (:func:`edge_sdk.final_training.train_final`)."""
     search_config = config.search
     init, optimizer = (before.module, before.optimizer) if before is not None else (None, None)
     supernet = supernet_of(search_config)
@@ -427,6 +429,9 @@ def _train_more(
         metrics=m
         | {
             "final_epochs": before.metrics["final_epochs"] + m["final_epochs"],
+            # the plateau rule may return the weights ``before`` ended with (best_epoch 0 of this run)
+            "best_epoch": before.metrics["final_epochs"] + m["best_epoch"],
+            "train_loss": m["train_loss"] if m["best_epoch"] else before.metrics["train_loss"],
             "train_seconds": round(before.metrics["train_seconds"] + m["train_seconds"], 3),
         },
     )

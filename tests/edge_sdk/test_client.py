@@ -65,15 +65,17 @@ def test_run_client_keeps_the_most_accurate_finalist(
     assert bundle.metrics["val_accuracy"] == chosen["final_val_accuracy"] and bundle.metrics["finalists"] == 3
     assert bundle.metrics["final_epochs"] == 4
     # the report's curves: the chosen finalist's training over all its 4 epochs (2 in rungs, then 2), with
-    # the validation numbers of every epoch (the plateau rule's), its last point the bundle's final train
-    # loss and validation accuracy; the best candidate's one search epoch; no CVAE
+    # the validation numbers of every epoch (the plateau rule's); the bundle holds the weights of its
+    # lowest validation loss, with that epoch's numbers; the best candidate's one search epoch; no CVAE
     curves = report["curves"]
     assert set(curves) == {"classifier", "search"}
     classifier = check_curve(curves["classifier"], "classifier")
     assert classifier["epoch"] == [1, 2, 3, 4]
     assert set(classifier) == {"epoch", "train_loss", "val_loss", "val_accuracy"}
-    assert classifier["val_accuracy"][-1] == pytest.approx(bundle.metrics["val_accuracy"], rel=1e-5)
-    assert classifier["train_loss"][-1] == pytest.approx(bundle.metrics["train_loss"], rel=1e-5)
+    best = bundle.metrics["best_epoch"]
+    assert best == chosen["best_epoch"] and classifier["val_loss"][best - 1] == min(classifier["val_loss"])
+    for name in ("val_accuracy", "val_loss", "train_loss"):
+        assert classifier[name][best - 1] == pytest.approx(bundle.metrics[name], rel=1e-5)
     assert classifier["train_loss"][-1] < classifier["train_loss"][0]
     assert check_curve(curves["search"], "search")["epoch"] == list(range(1, search.epochs + 1))
     assert all(not isinstance(v, list) for v in bundle.metrics.values())  # the manifest stays scalar

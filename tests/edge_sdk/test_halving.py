@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from common.errors import ConfigError
 from common.timing import Deadline
@@ -67,6 +68,7 @@ def _fake_train_more(calls: list[tuple[str, int]]) -> Any:
             "train_seconds": float(done),
             "flops": FLOPS[arch],
             "final_epochs": done,
+            "best_epoch": done,
             "plateau_stopped": False,
         }
         history = tuple({"val_loss": 1 - CURVES[arch][e]} for e in range(done))
@@ -134,7 +136,27 @@ def test_train_final_stops_on_the_plateau_rule() -> None:
     assert trained.metrics["final_epochs"] == 2 and trained.metrics["plateau_stopped"]
     assert [len(s) for s in seen] == [2, 3] and seen[0][0] == 9.0  # the earlier epochs' losses first
     assert [h["val_loss"] for h in trained.history] == seen[-1][1:]
-    assert trained.metrics["val_loss"] == trained.history[-1]["val_loss"]
+    # the weights of the lowest validation loss are kept: the starting ones (9.0) lost to both epochs
+    losses = [h["val_loss"] for h in trained.history]
+    kept = trained.metrics["best_epoch"]
+    assert losses[kept - 1] == min(losses) and trained.metrics["val_loss"] == min(losses)
     full = train_final("C4k3-P-F10", train_split, val_split, epochs=3, seed=0, track_val=True)
     assert full.metrics["final_epochs"] == 3 and not full.metrics["plateau_stopped"]
     assert len(full.history) == 3 and full.history[0]["val_loss"] == trained.history[0]["val_loss"]
+    assert full.metrics["best_epoch"] == 3  # no plateau rule: the last weights
+
+
+def test_the_plateau_rule_returns_to_the_best_weights() -> None:
+    """A run whose every epoch is worse than the weights it started from returns those weights."""
+    train_split, val_split = split_train_val(
+        load_dataset("digits").subset(np.arange(300)), val_fraction=0.2, seed=0
+    )
+    first = train_final("C4k3-P-F10", train_split, val_split, epochs=1, seed=0)
+    start = {k: v.clone() for k, v in first.module.state_dict().items()}
+    more = train_final(
+        "C4k3-P-F10", train_split, val_split, epochs=2, seed=1, init=first.module,
+        optimizer=first.optimizer, plateau=lambda _: False, prior_val=[-1.0],
+    )  # fmt: skip
+    assert more.metrics["best_epoch"] == 0 and more.metrics["final_epochs"] == 2
+    assert all(torch.equal(v, start[k]) for k, v in more.module.state_dict().items())
+    assert more.metrics["val_loss"] == pytest.approx(first.metrics["val_loss"], rel=1e-6)
