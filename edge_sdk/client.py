@@ -307,12 +307,14 @@ def run_client(
                 out, report_path, result.arch, result.search, result.metrics, seconds, role, (path,)
             )
     assert result is not None
+    subset = min(len(train_split), config.search.max_train_samples or len(train_split))
     spent = actual_flops(
-        result=result.search,
+        candidates=[(e.flops, e.epochs) for e in (result.search.evaluations if result.search else ())],
         finalists=report.get("finalists", []),
-        search=config.search if classifies else None,
-        cvae_metrics=cvae_metrics,
-        cvae=config.cvae if decodes else None,
+        search_subset=subset,
+        val_every_epoch=config.search.plateau() is not None,
+        cvae_flops=None if cvae_metrics is None else int(cvae_metrics["flops"]),
+        cvae_epochs=config.cvae.epochs,
         **sizes,
     )
     measured = sum(seconds.get(phase, 0.0) for phase in ("search", "train", "cvae_train"))

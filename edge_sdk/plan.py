@@ -14,12 +14,12 @@ is rarely the profile's: the report's ``device_plan`` records both sides so the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from edge_sdk.arch import analytic_cost, parse_arch, with_num_classes
 from edge_sdk.cvae import CVAEConfig, build_cvae, profile_cvae
 from edge_sdk.profiling import TRAIN_FLOP_FACTOR
-from edge_sdk.search import SearchResult
 from edge_sdk.strategies.base import SearchConfig
 from profiles import DeviceProfile
 
@@ -84,32 +84,29 @@ def plan_flops(
 
 def actual_flops(
     *,
-    result: SearchResult | None,
-    finalists: list[dict[str, Any]],
-    search: SearchConfig | None,
-    cvae_metrics: dict[str, Any] | None,
-    cvae: CVAEConfig | None,
+    candidates: Iterable[tuple[int, int]],
+    finalists: Iterable[Mapping[str, Any]],
+    search_subset: int,
+    val_every_epoch: bool,
+    cvae_flops: int | None,
+    cvae_epochs: int,
     n_train: int,
     n_val: int,
 ) -> dict[str, int]:
-    """The FLOPs the run spent per phase, counted the plan's way from what it trained: every candidate
-    the search trained (cache hits and rejections train nothing), every finalist's epochs (validated
-    every epoch where the plateau rule ran, else once), the CVAE's epochs."""
+    """The FLOPs a run spent per phase, counted the plan's way from what it trained: every candidate the
+    search trained, as (FLOPs per image, epochs) on ``search_subset`` images (cache hits and rejections
+    train nothing: epochs 0), every finalist row of the report (its epochs; validated every epoch where
+    the plateau rule ran, else once), the CVAE's epochs (``cvae_flops`` None: no CVAE)."""
     spent = {"search": 0, "final_training": 0, "cvae": 0}
-    if result is not None and search is not None:
-        subset = min(n_train, search.max_train_samples or n_train)
-        trained = [e for e in result.evaluations if e.epochs > 0]
-        spent["search"] = sum(_pass_flops(e.flops, 1, e.epochs * subset, n_val) for e in trained)
-        every = search.plateau() is not None
-        for row in finalists:
-            epochs = row.get("final_epochs", row["epochs"])
-            validated = n_val * epochs if every else n_val
-            spent["final_training"] += (
-                _pass_flops(row["flops"], epochs, n_train, 0) + row["flops"] * validated
-            )
-    if cvae_metrics is not None and cvae is not None:
-        flops = int(cvae_metrics["flops"])
-        spent["cvae"] = _pass_flops(flops, cvae.epochs, n_train, 0) + flops * n_val
+    for flops, epochs in candidates:
+        if epochs > 0:
+            spent["search"] += _pass_flops(flops, 1, epochs * search_subset, n_val)
+    for row in finalists:
+        epochs = row.get("final_epochs", row["epochs"])
+        validated = n_val * epochs if val_every_epoch else n_val
+        spent["final_training"] += _pass_flops(row["flops"], epochs, n_train, 0) + row["flops"] * validated
+    if cvae_flops is not None:
+        spent["cvae"] = _pass_flops(cvae_flops, cvae_epochs, n_train, 0) + cvae_flops * n_val
     spent["total"] = sum(spent.values())
     return spent
 
