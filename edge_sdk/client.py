@@ -33,9 +33,12 @@ cut.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,8 @@ from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import ArrayDataset, data_sha256, split_train_val
 from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet
 from edge_sdk.final_training import train_cvae_final, train_final
+from edge_sdk.halving import halving_rungs, rank_finalists
+from edge_sdk.plan import actual_flops, compare, plan_flops, plan_line
 from edge_sdk.precision import Precision, check_precision, resolve_precision
 from edge_sdk.profiling import FINAL_TRAINING_SHARE, fits, profile_model, trains_in_time
 from edge_sdk.roles import CLIENT_ROLES, ClientRole, resolve_role
@@ -69,11 +74,13 @@ from profiles import DeviceProfile
 __all__ = ["CODE_VERSION", "PROFILE_KEY_FIELDS", "ClientConfig", "ClientResult", "resume_key", "run_client"]
 
 
+log = logging.getLogger(__name__)  # the plan line, through edge_sdk's handler (common.cli)
 FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epochs
 # The code that made a client's files: the toolkit's version, plus the client pipeline's own number, bumped
 # when a change makes the same settings and data give another bundle (new training, export or metrics),
 # so a resume redoes the clients of older code even between releases
-CODE_VERSION = f"{__version__}+client.2"  # 2: the time budget stops the search and final training
+# 2: the time budget stops the search and final training; 3: successive halving in rungs, plateau stop
+CODE_VERSION = f"{__version__}+client.3"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,10 +269,23 @@ def run_client(
     report_path = out.with_name(out.name + ".report.json")
     seconds: dict[str, float] = {}
     report: dict[str, Any] = {"role": role, "profile": profile.name} | resume_key(config, data, profile)
+    classifies, decodes = role in ("classifier", "both"), role in ("cvae", "both")
+    sizes = {"n_train": len(train_split), "n_val": len(val_split)}
+    plan = plan_flops(
+        search=config.search if classifies else None,
+        cvae=config.cvae if decodes else None,
+        searched=config.init is None,
+        profile=budgeted,
+        input_shape=data.input_shape,
+        num_classes=data.num_classes,
+        **sizes,
+    )
+    log.info("%s", plan_line(plan, budgeted))
     result: ClientResult | None = None
-    if role in ("classifier", "both"):
+    cvae_metrics: dict[str, Any] | None = None
+    if classifies:
         result = _run_classifier(train_split, val_split, budgeted, config, out, seconds, report, deadline)
-    if role in ("cvae", "both"):
+    if decodes:
         path = out if role == "cvae" else decoder_bundle_path(out)
         with timed(seconds, "cvae_train"):
             trained = train_cvae_final(
@@ -280,6 +300,7 @@ def run_client(
         with timed(seconds, "cvae_export"):
             bundle_cvae(trained, profile, path, seed=config.seed)
         entry = {"bundle": path.name, "arch": trained.arch, "metrics": trained.metrics}
+        cvae_metrics = dict(trained.metrics)
         report["curves"] = report.get("curves", {}) | curve_records({"cvae": trained.history})
         if result is None:
             report |= entry | {"search": None}
@@ -290,6 +311,18 @@ def run_client(
                 out, report_path, result.arch, result.search, result.metrics, seconds, role, (path,)
             )
     assert result is not None
+    subset = min(len(train_split), config.search.max_train_samples or len(train_split))
+    spent = actual_flops(
+        candidates=[(e.flops, e.epochs) for e in (result.search.evaluations if result.search else ())],
+        finalists=report.get("finalists", []),
+        search_subset=subset,
+        val_every_epoch=config.search.plateau() is not None,
+        cvae_flops=None if cvae_metrics is None else int(cvae_metrics["flops"]),
+        cvae_epochs=config.cvae.epochs,
+        **sizes,
+    )
+    measured = sum(seconds.get(phase, 0.0) for phase in ("search", "train", "cvae_train"))
+    report["device_plan"] = compare(plan, spent, measured)
     report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
     atomic_write_json(report_path, dict(sorted(report.items())))
     release_memory()  # a simulation's worker goes on to the next client with what it freed given back
@@ -303,80 +336,111 @@ def _train_finalists(
     config: ClientConfig,
     deadline: Deadline,
 ) -> tuple[TrainedModel, list[dict[str, Any]], bool]:
-    """Successive halving over the search's finalists: each trains ``finalist_epochs()`` epochs, then one
-    goes on to ``final_epochs``: the cheapest (FLOPs) among those within one standard error of the best
-    validation accuracy (the one-standard-error rule of model selection: a difference that small is
-    noise of the validation split, and the device pays for every FLOP of a larger model; ties: higher
-    accuracy, lower loss). Returns it, one row per finalist trained (validation numbers after the shared
-    epochs; the chosen row adds the final ones) and whether ``deadline`` cut the training (a training
-    stops after the epoch during which it passed; a finalist not started by then is skipped)."""
+    """Successive halving over the search's finalists (:func:`edge_sdk.halving.halving_rungs`): all train
+    the first rung's epochs, the best of them by :func:`~edge_sdk.halving.rank_finalists` (the
+    one-standard-error rule) go on to the next rung with their optimizers, until one is left; it trains on
+    to ``final_epochs`` unless its validation curve flattens first (``SearchConfig.plateau``). Returns it,
+    one row per finalist trained (validation numbers after its last rung; the chosen row adds the final
+    ones) and whether ``deadline`` cut the training (a training stops after the epoch during which it
+    passed; a finalist not started by then is skipped)."""
     search_config = config.search
-    shared = search_config.finalist_epochs() if len(result.finalists) > 1 else search_config.final_epochs
-    common = dict(
-        lr=search_config.lr,
-        batch_size=search_config.batch_size,
-        device=config.device,
-        progress=config.progress,
-        unknown_output=config.unknown_output,
-        precision=config.precision,
-    )
-    trained_all: list[TrainedModel] = []
-    rows: list[dict[str, Any]] = []
-    for arch in result.finalists:
-        if trained_all and deadline.expired():
+    keep = float(getattr(search_config, "finalist_keep", 0.0))
+    rungs = halving_rungs(len(result.finalists), search_config.finalist_epochs(), keep)
+    run = functools.partial(_train_more, train_split, val_split, config)
+    models: dict[int, TrainedModel] = {}
+    rows: dict[int, dict[str, Any]] = {}
+    alive, cut = list(range(len(result.finalists))), False
+    for rung, (count, epochs) in enumerate(rungs):
+        trained_now = []
+        for i in alive[:count]:
+            if models and deadline.expired():
+                cut = True
+                break
+            seed = config.seed if rung == 0 else derive_seed(config.seed, FINALIST_STREAM, rung)
+            models[i] = run(models.get(i), result.finalists[i], epochs, seed, deadline)
+            m = models[i].metrics
+            cut = cut or m["final_epochs"] < sum(e for _, e in rungs[: rung + 1])
+            rows[i] = {k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds", "flops")} | {
+                "arch": result.finalists[i], "epochs": m["final_epochs"], "rungs": rung + 1
+            }  # fmt: skip
+            trained_now.append(i)
+        ranked = rank_finalists([rows[i] for i in trained_now], len(val_split))
+        alive = [trained_now[j] for j in ranked]
+        if cut:
             break
-        init = None
-        supernet = supernet_of(search_config)
-        if supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
-            # HAPFNAS: the winner starts from its supernet weights and is fine-tuned locally
-            init = extract(load_supernet(supernet), ElasticSpec.parse(arch))
-        trained = train_final(
-            arch, train_split, val_split, epochs=shared, seed=config.seed, init=init,
-            stop=deadline.expired, **common,
-        )  # fmt: skip
-        m = trained.metrics
-        trained_all.append(trained)
-        rows.append(
-            {k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds", "flops")}
-            | {"arch": arch, "epochs": m["final_epochs"]}
-        )
-    cut = len(rows) < len(result.finalists) or any(row["epochs"] < shared for row in rows)
-    chosen = _one_standard_error(rows, len(val_split))
-    for i, row in enumerate(rows):
-        row["chosen"] = i == chosen
-    best = trained_all[chosen]
-    rest = search_config.final_epochs - shared
-    if rest > 0 and (cut or deadline.expired()):
+    chosen = alive[0] if rungs else 0
+    best = models.get(chosen)
+    rest = search_config.final_epochs - (best.metrics["final_epochs"] if best else 0)
+    plateau = search_config.plateau()
+    done = best is not None and plateau is not None and plateau([h["val_loss"] for h in best.history])
+    if rest > 0 and best is not None and (cut or deadline.expired()):
         cut = True
-    elif rest > 0:  # the winner goes on where it stopped, Adam's moments kept (new batch orders)
-        done = best.metrics["train_seconds"]
-        best = train_final(
-            best.arch, train_split, val_split, epochs=rest, seed=derive_seed(config.seed, FINALIST_STREAM),
-            init=best.module, optimizer=best.optimizer, stop=deadline.expired, **common,
-        )  # fmt: skip
-        epochs = shared + best.metrics["final_epochs"]
-        cut = epochs < search_config.final_epochs
-        best = dataclasses.replace(
-            best,
-            history=trained_all[chosen].history + best.history,  # one curve over all its epochs
-            metrics=best.metrics
-            | {"final_epochs": epochs, "train_seconds": round(done + best.metrics["train_seconds"], 3)},
-        )
+    elif (rest > 0 or best is None) and not done:
+        # the winner goes on where it stopped, Adam's moments kept (new batch orders)
+        seed = config.seed if best is None else derive_seed(config.seed, FINALIST_STREAM)
+        best = run(best, result.finalists[chosen], rest, seed, deadline, plateau)
+        m = best.metrics
+        cut = m["final_epochs"] < search_config.final_epochs and not m["plateau_stopped"]
+    assert best is not None
+    if chosen not in rows:  # one finalist: no rung
+        m = best.metrics
+        rows[chosen] = {k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds", "flops")} | {
+            "arch": best.arch, "epochs": m["final_epochs"], "rungs": 0
+        }  # fmt: skip
+    elif best is not models[chosen]:
         rows[chosen] |= {
             "final_val_accuracy": best.metrics["val_accuracy"],
             "final_val_loss": best.metrics["val_loss"],
-            "final_epochs": epochs,
+            "final_epochs": best.metrics["final_epochs"],
+            "best_epoch": best.metrics["best_epoch"],
         }
-    return best, rows, cut
+    out = [rows[i] | {"chosen": i == chosen} for i in sorted(rows)]
+    return best, out, cut
 
 
-def _one_standard_error(rows: list[dict[str, Any]], n_val: int) -> int:
-    """Index of the cheapest row whose validation accuracy is within one binomial standard error of the
-    best one (ties: higher accuracy, then lower loss, then the search's order)."""
-    top = max(r["val_accuracy"] for r in rows)
-    margin = math.sqrt(top * (1 - top) / max(n_val, 1))
-    near = [i for i, r in enumerate(rows) if r["val_accuracy"] >= top - margin]
-    return min(near, key=lambda i: (rows[i]["flops"], -rows[i]["val_accuracy"], rows[i]["val_loss"], i))
+def _train_more(
+    train_split: ArrayDataset,
+    val_split: ArrayDataset,
+    config: ClientConfig,
+    before: TrainedModel | None,
+    arch: str,
+    epochs: int,
+    seed: int,
+    deadline: Deadline,
+    plateau: Callable[[Sequence[float]], bool] | None = None,
+) -> TrainedModel:
+    """``epochs`` more of ``arch``'s final training: from ``before`` (its module and optimizer, one
+    history and count of epochs and seconds over both runs), else from scratch (or, for a supernet's
+    subnet, from the supernet's weights: HAPFNAS fine-tunes it locally). The validation numbers are
+    measured every epoch where the search config has a plateau rule; with ``plateau`` the weights of the
+    lowest validation loss are returned (:func:`edge_sdk.final_training.train_final`)."""
+    search_config = config.search
+    init, optimizer = (before.module, before.optimizer) if before is not None else (None, None)
+    supernet = supernet_of(search_config)
+    if before is None and supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
+        init = extract(load_supernet(supernet), ElasticSpec.parse(arch))
+    trained = train_final(
+        arch, train_split, val_split, epochs=epochs, lr=search_config.lr, batch_size=search_config.batch_size,
+        seed=seed, device=config.device, progress=config.progress, init=init, optimizer=optimizer,
+        unknown_output=config.unknown_output, precision=config.precision, stop=deadline.expired,
+        track_val=search_config.plateau() is not None, plateau=plateau,
+        prior_val=[h["val_loss"] for h in before.history] if before is not None and plateau else (),
+    )  # fmt: skip
+    if before is None:
+        return trained
+    m = trained.metrics
+    return dataclasses.replace(
+        trained,
+        history=before.history + trained.history,  # one curve over all its epochs
+        metrics=m
+        | {
+            "final_epochs": before.metrics["final_epochs"] + m["final_epochs"],
+            # the plateau rule may return the weights ``before`` ended with (best_epoch 0 of this run)
+            "best_epoch": before.metrics["final_epochs"] + m["best_epoch"],
+            "train_loss": m["train_loss"] if m["best_epoch"] else before.metrics["train_loss"],
+            "train_seconds": round(before.metrics["train_seconds"] + m["train_seconds"], 3),
+        },
+    )
 
 
 def _train_from_init(

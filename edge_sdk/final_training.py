@@ -3,8 +3,9 @@ the configured epochs, and a CVAE, each with its validation metrics and cost as 
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -38,6 +39,9 @@ def train_final(
     optimizer: torch.optim.Optimizer | None = None,
     precision: str = "auto",
     stop: Callable[[], bool] | None = None,
+    track_val: bool = False,
+    plateau: Callable[[Sequence[float]], bool] | None = None,
+    prior_val: Sequence[float] = (),
 ) -> TrainedModel:
     """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
 
@@ -48,6 +52,12 @@ def train_final(
     image called unknown as wrong. ``precision`` is the training's (:mod:`edge_sdk.precision`); the
     validation numbers are measured in float32, the exported model's precision. ``stop`` (a time budget,
     asked after each epoch) may end the training early; ``final_epochs`` records the epochs trained.
+    ``track_val`` measures the validation loss and accuracy after every epoch (the history's ``val_loss``
+    and ``val_accuracy``); ``plateau`` (which implies it) is asked after each epoch with the validation
+    losses so far, ``prior_val`` (the epochs ``init`` already trained) first, and True ends the training
+    (:func:`edge_sdk.halving.plateaued`; the metrics' ``plateau_stopped``); with it, the model returned is
+    the one of the lowest validation loss (``best_epoch`` of the epochs trained here; 0: ``init`` as it
+    came, whose loss is the last of ``prior_val``).
     """
     spec = parse_arch(arch)
     num_classes = train_split.num_classes
@@ -70,6 +80,7 @@ def train_final(
     start = time.perf_counter()
     if optimizer is None:
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    watch = _Watch(model, val_split, dev, stop=stop, track=track_val, plateau=plateau, prior_val=prior_val)
     losses = train(
         model,
         train_split,
@@ -80,16 +91,18 @@ def train_final(
         device=dev,
         progress=progress,
         optimizer=optimizer,
-        stop=stop,
+        stop=watch,
     )
-    val_loss, val_acc = evaluate(model, val_split, device=dev)
+    val_loss, val_acc, kept = watch.finish(len(losses))
     model = model.cpu().eval()
     cost = profile_model(model, train_split.input_shape, batch_size=batch_size)
     metrics = {
         "val_accuracy": float(val_acc),
         "val_loss": float(val_loss),
-        "train_loss": float(losses[-1]) if losses else float("nan"),
+        "train_loss": float(losses[kept - 1]) if kept else float("nan"),
         "final_epochs": len(losses),
+        "best_epoch": kept,
+        "plateau_stopped": watch.why == "plateau",
         "train_seconds": round(time.perf_counter() - start, 3),
         **{k: int(v) for k, v in cost.to_dict().items()},
     }
@@ -104,7 +117,78 @@ def train_final(
         unknown_output=unknown_output,
         class_names=train_split.class_names,
         optimizer=optimizer,
-        history=tuple({"train_loss": loss} for loss in losses),
+        history=_history(losses, watch.curve if watch.track else []),
+    )
+
+
+class _Watch:
+    """The training's ``stop`` callback, asked after every epoch but the last: measures the validation
+    numbers (when tracked), asks the time budget, then the plateau rule; with a plateau rule it also keeps
+    the weights of the epoch of lowest validation loss (the starting weights count, at the last of
+    ``prior_val``), which :meth:`finish` returns to: the epochs after the best one only overfit."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        val_split: ArrayDataset,
+        device: torch.device,
+        *,
+        stop: Callable[[], bool] | None,
+        track: bool,
+        plateau: Callable[[Sequence[float]], bool] | None,
+        prior_val: Sequence[float],
+    ) -> None:
+        self.model, self.val_split, self.device = model, val_split, device
+        self.stop, self.plateau, self.prior_val = stop, plateau, list(prior_val)
+        self.track = track or plateau is not None
+        self.curve: list[tuple[float, float]] = []  # (val loss, val accuracy) after each epoch
+        self.why: str | None = None
+        self.best_epoch = 0  # epochs of this run the kept weights had trained (0: the starting ones)
+        keeps = plateau is not None and bool(prior_val)
+        self.best_loss = self.prior_val[-1] if keeps else math.inf
+        self.best_state = _snapshot(model) if keeps else None
+
+    def measure(self) -> None:
+        self.curve.append(evaluate(self.model, self.val_split, device=self.device))
+        if self.plateau is not None and self.curve[-1][0] < self.best_loss:
+            self.best_loss, self.best_epoch = self.curve[-1][0], len(self.curve)
+            self.best_state = _snapshot(self.model)
+
+    def __call__(self) -> bool:
+        if self.track:
+            self.measure()
+            self.model.train()
+        if self.stop is not None and self.stop():
+            self.why = "budget"
+        elif self.plateau is not None and self.plateau([*self.prior_val, *(v for v, _ in self.curve)]):
+            self.why = "plateau"
+        return self.why is not None
+
+    def finish(self, epochs: int) -> tuple[float, float, int]:
+        """(validation loss, accuracy, epochs the returned weights trained) after ``epochs`` trained."""
+        if epochs == 0:
+            return (*evaluate(self.model, self.val_split, device=self.device), 0)
+        if len(self.curve) < epochs:  # the last epoch is not measured yet
+            self.measure()
+        if self.plateau is None or self.best_state is None or self.best_epoch == epochs:
+            return (*self.curve[-1], epochs)
+        self.model.load_state_dict(self.best_state)
+        if self.best_epoch > 0:
+            return (*self.curve[self.best_epoch - 1], self.best_epoch)
+        return (*evaluate(self.model, self.val_split, device=self.device), 0)
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+def _history(losses: list[float], curve: list[tuple[float, float]]) -> tuple[dict[str, float], ...]:
+    """Per epoch: the training loss, and the validation numbers where they were measured every epoch."""
+    if not curve:
+        return tuple({"train_loss": loss} for loss in losses)
+    return tuple(
+        {"train_loss": loss, "val_loss": val_loss, "val_accuracy": val_acc}
+        for loss, (val_loss, val_acc) in zip(losses, curve, strict=False)
     )
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from common.checks import check_int, from_preset
+from common.checks import check_int, check_number, from_preset
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import parse_arch
+from edge_sdk.halving import plateaued
 
 __all__ = ["RECORD_DEFAULTS", "SHARED_PRESETS", "SearchConfig", "check_arch"]
 
@@ -18,7 +21,7 @@ _Config = TypeVar("_Config", bound="SearchConfig")  # not typing.Self (3.11+): t
 # The presets' values of the shared fields (``fast`` = the defaults; ``paper`` = pFedZKD section 4.1.2).
 SHARED_PRESETS: dict[str, dict[str, Any]] = {
     "fast": {},
-    "paper": {"epochs": 10, "final_epochs": 50, "max_train_samples": None},
+    "paper": {"epochs": 10, "final_epochs": 50, "max_train_samples": None, "plateau_patience": 0},
 }
 
 # A search config's record (client reports, resume keys) keeps the shape of the one SearchConfig that
@@ -49,6 +52,10 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "warm_start": True,
     "finalists": 3,
     "finalist_share": 0.25,
+    "finalist_keep": 0.5,
+    "plateau_patience": 2,
+    "plateau_min_epochs": 4,
+    "plateau_min_delta": 0.01,
 }
 
 
@@ -71,12 +78,29 @@ class SearchConfig:
     preset; ``preset("paper")`` is pFedZKD section 4.1.2.
 
     Attributes:
+<<<<<<< HEAD
         epochs: epochs each candidate architecture trains for its fitness (the search's short training).
         final_epochs: epochs the client trains the chosen architecture for after the search.
         lr: Adam learning rate of the candidates' and the final training.
         batch_size: batch size of the candidates' and the final training (and of the memory estimate).
         max_train_samples: train each candidate on a seeded random subset this large (none: the whole
             split); a speed knob, fitness is still measured on the whole validation split.
+=======
+        epochs: training epochs per candidate (fitness evaluation).
+        final_epochs: epochs the client trains the winner for afterwards (read by the client).
+        lr, batch_size: Adam settings of candidate and final training (also the batch of the memory
+            estimate).
+        max_train_samples: train each candidate on a seeded random subset this large (None = the whole
+            split). A speed knob: fitness is still measured on the whole validation split. The fast
+            default of 2000 keeps a 6,000-image MNIST client's search to a few minutes on 2 CPU cores.
+        plateau_patience: the final training stops once its validation loss (measured after every
+            epoch) has not fallen by more than ``plateau_min_delta`` of its best for this many epochs
+            (:func:`edge_sdk.halving.plateaued`): the epochs after the curve flattened buy the device
+            nothing. ``final_epochs`` stays the most it trains; 0 trains every epoch (``paper``).
+        plateau_min_epochs: the fewest epochs of final training before the plateau rule may stop it.
+        plateau_min_delta: the fall of the validation loss, as a share of its best so far, that still
+            counts as progress for the plateau rule.
+>>>>>>> speed
     """
 
     strategy: ClassVar[str]
@@ -88,6 +112,9 @@ class SearchConfig:
     lr: float = 1e-3
     batch_size: int = 64
     max_train_samples: int | None = 2000
+    plateau_patience: int = 2
+    plateau_min_epochs: int = 4
+    plateau_min_delta: float = 0.01
 
     def __post_init__(self) -> None:
         if type(self) is SearchConfig:
@@ -95,6 +122,9 @@ class SearchConfig:
         check_int("epochs", self.epochs, 1)
         check_int("final_epochs", self.final_epochs, 0)
         check_int("batch_size", self.batch_size, 1)
+        check_int("plateau_patience", self.plateau_patience, 0)
+        check_int("plateau_min_epochs", self.plateau_min_epochs, 1)
+        check_number("plateau_min_delta", self.plateau_min_delta)
         if self.max_train_samples is not None:
             check_int("max_train_samples", self.max_train_samples, 1)
         if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
@@ -108,6 +138,17 @@ class SearchConfig:
         """Epochs of final training the device pays for one finalist: its own and the shared ones of the
         others (the time budget screens candidates on this)."""
         return self.final_epochs
+
+    def plateau(self) -> Callable[[Sequence[float]], bool] | None:
+        """The plateau rule of the final training over its validation losses so far (None: off)."""
+        if self.plateau_patience == 0:
+            return None
+        return functools.partial(
+            plateaued,
+            patience=self.plateau_patience,
+            min_epochs=self.plateau_min_epochs,
+            min_delta=self.plateau_min_delta,
+        )
 
     def rng_streams(self) -> int:
         """Independent random streams the strategy draws from (PSO: one per repeat)."""

@@ -19,6 +19,7 @@ from common.checks import check_int, is_number
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import family_of, parse_arch
 from edge_sdk.chain import CHAIN_FAMILY, MAX_DEPTH, ChainSpec, Layer
+from edge_sdk.halving import schedule_epochs
 from edge_sdk.spaces.chain import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth, narrow
 from edge_sdk.strategies.base import SearchConfig, check_arch
 from edge_sdk.strategies.evaluator import Evaluation, Evaluator, Found
@@ -49,10 +50,13 @@ class PSOConfig(SearchConfig):
         finalists: how many of the best distinct architectures by fitness the client trains fully,
             keeping the most accurate on validation: a short training's fitness misranks candidates
             whose learning curves cross later. 1: the paper's Algorithm 2.
-        finalist_share: successive halving of the finalists: each trains this share of the final epochs
-            (at least one epoch) on the whole training split, and one goes on to all of them: the
-            cheapest within one standard error of the most accurate on validation. 1.0 trains every
-            finalist fully.
+        finalist_share: successive halving of the finalists: this share of the final epochs (at least
+            one) is spread over the rungs of the halving on the whole training split, and the last
+            finalist goes on to all of them: the cheapest within one standard error of the most
+            accurate on validation. 1.0 with no halving trains every finalist fully.
+        finalist_keep: the share of the finalists that goes on after each rung of the halving: 0.5
+            with three finalists trains all three one epoch, the best two a second, and the best of
+            those on; 0 decides among all of them at once.
     """
 
     strategy: ClassVar[str] = "pso"
@@ -76,6 +80,7 @@ class PSOConfig(SearchConfig):
     warm_start: bool = True
     finalists: int = 3
     finalist_share: float = 0.25
+    finalist_keep: float = 0.5
 
     def __post_init__(self) -> None:
         for name, low in (("particles", 1), ("iterations", 0), ("repeats", 1), ("finalists", 1)):
@@ -86,6 +91,11 @@ class PSOConfig(SearchConfig):
             raise ConfigError(f"warm_start must be a bool, got {self.warm_start!r}")
         if not (is_number(self.finalist_share) and 0.0 < self.finalist_share <= 1.0):  # type: ignore[operator]
             raise ConfigError(f"finalist_share must be a number in (0, 1], got {self.finalist_share!r}")
+        if not (is_number(self.finalist_keep) and 0.0 <= self.finalist_keep < 1.0):  # type: ignore[operator]
+            raise ConfigError(
+                f"finalist_keep must be a number in [0, 1), got {self.finalist_keep!r}; fix: the share of "
+                "finalists kept after each rung (0: one rung)"
+            )
         if not (isinstance(self.cg, int | float) and 0.0 <= self.cg <= 1.0):
             raise ConfigError(f"cg must be a number in [0, 1], got {self.cg!r}")
         check_arch("fixed_arch", self.fixed_arch)
@@ -97,7 +107,7 @@ class PSOConfig(SearchConfig):
         return min(self.final_epochs, max(1, round(self.finalist_share * self.final_epochs)))
 
     def final_training_epochs(self) -> int:
-        return self.final_epochs + (self.finalists - 1) * self.finalist_epochs()
+        return schedule_epochs(self.finalists, self.finalist_epochs(), self.finalist_keep, self.final_epochs)
 
     def rng_streams(self) -> int:
         return self.repeats

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -18,35 +19,63 @@ from export.bundle import read_bundle
 from profiles import load_profile
 
 
-def test_run_client_keeps_the_most_accurate_finalist(tmp_path: Path) -> None:
+def test_run_client_keeps_the_most_accurate_finalist(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     data = load_dataset("digits").subset(np.arange(600))
     search = PSOConfig(particles=3, iterations=1, max_depth=5, max_train_samples=100, final_epochs=4)
     config = ClientConfig(search=search, seed=3, role="classifier")
-    result = run_client(data, profile=load_profile("laptop-cpu"), config=config, out=tmp_path / "c.bundle")
+    profile = load_profile("laptop-cpu")
+    with caplog.at_level(logging.INFO, logger="edge_sdk"):
+        result = run_client(data, profile=profile, config=config, out=tmp_path / "c.bundle")
     report = json.loads(result.report_path.read_text())
+    # the plan, logged before the run: the planned FLOPs and the time they take at the profile's GFLOP/s
+    plan = report["device_plan"]
+    planned, actual = plan["planned"], plan["actual"]
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan: ")]
+    assert f"{planned['total'] / 1e12:.3g} TFLOP" in line and f"about {planned['seconds']:.0f} s" in line
+    assert "at 100 GFLOP/s (profile 'laptop-cpu'" in line and profile.gflops == 100
+    assert planned["cvae"] == 0 and planned["seconds"] == pytest.approx(planned["total"] / 100e9, abs=1e-3)
+    # 480 training images (the search's subset: 100), 120 validation ones; one candidate epoch each
+    assert result.search is not None
+    trained_candidates = [e for e in result.search.evaluations if e.epochs > 0]
+    assert actual["search"] == sum(e.flops * (3 * 100 + 120) for e in trained_candidates)
+    assert actual["total"] == actual["search"] + actual["final_training"] and actual["cvae"] == 0
+    measured = report["seconds"]["search"] + report["seconds"]["train"]
+    assert actual["seconds"] == pytest.approx(measured, abs=2e-3)
+    ratio = plan["actual_over_planned"]["seconds"]
+    assert ratio == pytest.approx(actual["seconds"] / planned["seconds"], rel=1e-3)
     rows = report["finalists"]
     assert result.search is not None and [r["arch"] for r in rows] == list(result.search.finalists)
     assert len(rows) == 3 and sum(r["chosen"] for r in rows) == 1
-    # successive halving: every finalist trains a quarter of the 4 final epochs, the best goes on to 4
-    assert all(r["epochs"] == 1 for r in rows)
+    # successive halving: all three finalists train one epoch (a quarter of 4), the best two by the
+    # one-standard-error ranking a second, and the best of those goes on to 4
+    assert sorted(r["epochs"] for r in rows) == [1, 2, 2]
+    assert [r["rungs"] for r in rows] == [1 if r["epochs"] == 1 else 2 for r in rows]
     chosen = next(r for r in rows if r["chosen"])
-    # the cheapest finalist within one standard error of the best validation accuracy
-    top = max(r["val_accuracy"] for r in rows)
+    # the cheapest finalist of the last rung within one standard error of its best validation accuracy
+    last = [r for r in rows if r["epochs"] == 2]
+    top = max(r["val_accuracy"] for r in last)
     n_val = 600 - read_bundle(result.bundle_path).num_examples
-    near = [r for r in rows if r["val_accuracy"] >= top - math.sqrt(top * (1 - top) / n_val)]
+    near = [r for r in last if r["val_accuracy"] >= top - math.sqrt(top * (1 - top) / n_val)]
     assert chosen["flops"] == min(r["flops"] for r in near) and chosen["final_epochs"] == 4
     assert all("final_val_accuracy" not in r for r in rows if not r["chosen"])
     bundle = read_bundle(result.bundle_path)
     assert bundle.arch == result.arch == chosen["arch"]
     assert bundle.metrics["val_accuracy"] == chosen["final_val_accuracy"] and bundle.metrics["finalists"] == 3
     assert bundle.metrics["final_epochs"] == 4
-    # the report's curves: the chosen finalist's training over all its 4 epochs (1 shared, then 3), its
-    # last point the bundle's final train loss; the best candidate's one search epoch; no CVAE
+    # the report's curves: the chosen finalist's training over all its 4 epochs (2 in rungs, then 2), with
+    # the validation numbers of every epoch (the plateau rule's); the bundle holds the weights of its
+    # lowest validation loss, with that epoch's numbers; the best candidate's one search epoch; no CVAE
     curves = report["curves"]
     assert set(curves) == {"classifier", "search"}
     classifier = check_curve(curves["classifier"], "classifier")
-    assert classifier["epoch"] == [1, 2, 3, 4] and set(classifier) == {"epoch", "train_loss"}
-    assert classifier["train_loss"][-1] == pytest.approx(bundle.metrics["train_loss"], rel=1e-5)
+    assert classifier["epoch"] == [1, 2, 3, 4]
+    assert set(classifier) == {"epoch", "train_loss", "val_loss", "val_accuracy"}
+    best = bundle.metrics["best_epoch"]
+    assert best == chosen["best_epoch"] and classifier["val_loss"][best - 1] == min(classifier["val_loss"])
+    for name in ("val_accuracy", "val_loss", "train_loss"):
+        assert classifier[name][best - 1] == pytest.approx(bundle.metrics[name], rel=1e-5)
     assert classifier["train_loss"][-1] < classifier["train_loss"][0]
     assert check_curve(curves["search"], "search")["epoch"] == list(range(1, search.epochs + 1))
     assert all(not isinstance(v, list) for v in bundle.metrics.values())  # the manifest stays scalar
@@ -55,7 +84,13 @@ def test_run_client_keeps_the_most_accurate_finalist(tmp_path: Path) -> None:
 def test_finalist_share_one_trains_every_finalist_fully(tmp_path: Path) -> None:
     data = load_dataset("digits").subset(np.arange(400))
     search = PSOConfig(
-        particles=3, iterations=0, max_depth=4, max_train_samples=100, final_epochs=2, finalist_share=1.0
+        particles=3,
+        iterations=0,
+        max_depth=4,
+        max_train_samples=100,
+        final_epochs=2,
+        finalist_share=1.0,
+        finalist_keep=0.0,  # one rung: all finalists train the 2 epochs, then one is chosen
     )
     result = run_client(
         data,
@@ -78,19 +113,6 @@ def test_finalist_epochs_rule() -> None:
     for bad in (0.0, 1.5, True, "half"):
         with pytest.raises(ConfigError, match="finalist_share"):
             PSOConfig(finalist_share=bad)  # type: ignore[arg-type]
-
-
-def test_one_standard_error_rule_prefers_the_cheaper_of_near_ties() -> None:
-    from edge_sdk.client import _one_standard_error
-
-    rows = [
-        {"val_accuracy": 0.990, "val_loss": 0.03, "flops": 300},
-        {"val_accuracy": 0.986, "val_loss": 0.04, "flops": 20},  # 0.4 points under: within 1 SE of 400
-        {"val_accuracy": 0.970, "val_loss": 0.09, "flops": 5},  # 2 points under: out
-    ]
-    assert _one_standard_error(rows, 400) == 1  # SE = sqrt(0.99 * 0.01 / 400) = 0.5 points
-    assert _one_standard_error(rows, 40_000) == 0  # SE = 0.05 points: only the best is near
-    assert _one_standard_error([{**rows[0], "val_accuracy": 1.0}, rows[1]], 400) == 0
 
 
 def test_train_final_goes_on_with_the_optimizer_it_is_given() -> None:

@@ -412,8 +412,9 @@ def test_replace_switches_strategy_keeping_the_shared_options() -> None:
 
 
 def test_record_keeps_the_single_config_shape() -> None:
-    """The default PSO config records exactly what the one SearchConfig of before the split recorded, so
-    a client's resume key is unchanged; other strategies fill the foreign keys with those defaults."""
+    """The default PSO config records what the one SearchConfig of before the split recorded, plus the
+    halving and plateau fields (#32: a resume redoes a client trained without them); other strategies
+    fill the foreign keys with those defaults."""
     old_default = {
         "strategy": "pso",
         "particles": 6,
@@ -437,6 +438,10 @@ def test_record_keeps_the_single_config_shape() -> None:
         "warm_start": True,
         "finalists": 3,
         "finalist_share": 0.25,
+        "finalist_keep": 0.5,
+        "plateau_patience": 2,
+        "plateau_min_epochs": 4,
+        "plateau_min_delta": 0.01,
     }
     assert PSOConfig().to_dict() == old_default
     assert list(PSOConfig().to_dict()) == list(old_default)

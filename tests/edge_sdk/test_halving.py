@@ -1,0 +1,162 @@
+"""Successive halving over the finalists and the plateau stop, on made-up curves (no training)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from common.errors import ConfigError
+from common.timing import Deadline
+from edge_sdk import client
+from edge_sdk.client import ClientConfig
+from edge_sdk.data import load_dataset, split_train_val
+from edge_sdk.final_training import train_final
+from edge_sdk.halving import halving_rungs, plateaued, rank_finalists, schedule_epochs
+from edge_sdk.search import SearchResult
+from edge_sdk.strategies.pso import PSOConfig
+
+
+def test_halving_rungs_and_their_epochs() -> None:
+    assert halving_rungs(3, 2, 0.5) == [(3, 1), (2, 1)]  # the default: 3 -> 2 -> 1, one epoch a rung
+    assert halving_rungs(3, 2, 0.0) == [(3, 2)]  # keep 0: one rung, the choice after 2 epochs
+    assert halving_rungs(8, 2, 0.5) == [(8, 1), (4, 1), (2, 1)]  # more rungs than epochs: one each
+    assert halving_rungs(4, 5, 0.5) == [(4, 3), (2, 2)]
+    assert halving_rungs(1, 2, 0.5) == [] and halving_rungs(3, 0, 0.5) == [(3, 0)]
+    # the default schedule trains fewer final epochs than the one-rung halving it replaced (3 x 2 + 6)
+    assert schedule_epochs(3, 2, 0.5, 8) == 3 + 2 + 6 == PSOConfig().final_training_epochs() < 12
+    assert schedule_epochs(3, 2, 0.0, 8) == 12 and schedule_epochs(1, 8, 0.5, 8) == 8
+    for bad in (1.0, -0.1, "half"):
+        with pytest.raises(ConfigError, match="finalist_keep"):
+            PSOConfig(finalist_keep=bad)  # type: ignore[arg-type]
+
+
+def test_rank_finalists_is_the_one_standard_error_rule() -> None:
+    rows = [
+        {"val_accuracy": 0.990, "val_loss": 0.03, "flops": 300},
+        {"val_accuracy": 0.986, "val_loss": 0.04, "flops": 20},  # 0.4 points under: within 1 SE of 400
+        {"val_accuracy": 0.970, "val_loss": 0.09, "flops": 5},  # 2 points under: out
+    ]
+    assert rank_finalists(rows, 400) == [1, 0, 2]  # SE = sqrt(0.99 * 0.01 / 400) = 0.5 points
+    assert rank_finalists(rows, 40_000) == [0, 1, 2]  # SE = 0.05 points: only the best is near
+    assert rank_finalists([{**rows[0], "val_accuracy": 1.0}, rows[1]], 400) == [0, 1]
+
+
+# validation accuracy after each epoch of three made-up finalists: c starts worst (and would end best),
+# b leads after one epoch, a after two
+CURVES = {
+    "a": [0.90, 0.95, 0.96, 0.97, 0.97, 0.97, 0.97, 0.97],
+    "b": [0.93, 0.94, 0.95, 0.95, 0.95, 0.95, 0.95, 0.95],
+    "c": [0.80, 0.99, 0.99, 0.99, 0.99, 0.99, 0.99, 0.99],
+}
+FLOPS = {"a": 100, "b": 50, "c": 10}
+
+
+def _fake_train_more(calls: list[tuple[str, int]]) -> Any:
+    def train_more(*_: Any, **__: Any) -> Any:
+        before, arch, epochs = _[3], _[4], _[5]
+        calls.append((arch, epochs))
+        done = (before.metrics["final_epochs"] if before is not None else 0) + epochs
+        acc = CURVES[arch][done - 1]
+        metrics = {
+            "val_accuracy": acc,
+            "val_loss": 1 - acc,
+            "train_seconds": float(done),
+            "flops": FLOPS[arch],
+            "final_epochs": done,
+            "best_epoch": done,
+            "plateau_stopped": False,
+        }
+        history = tuple({"val_loss": 1 - CURVES[arch][e]} for e in range(done))
+        return SimpleNamespace(arch=arch, metrics=metrics, history=history)
+
+    return train_more
+
+
+class _Split:
+    def __len__(self) -> int:
+        return 10_000
+
+
+def test_successive_halving_keeps_the_right_finalists(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(client, "_train_more", _fake_train_more(calls))
+    result = SearchResult("pso", "a", 0.1, (), 0, 0, 0, 0.0, (("a", 0.1),), finalists=("a", "b", "c"))
+    config = ClientConfig(search=PSOConfig(plateau_patience=0), role="classifier")
+    # 10,000 validation images: a standard error of 0.2 points, no near ties
+    best, rows, cut = client._train_finalists(
+        result,
+        _Split(),
+        _Split(),
+        config,
+        Deadline.after(math.inf),  # type: ignore[arg-type]
+    )
+    # rung 1: all three one epoch; c (0.80) drops; rung 2: a and b a second; a (0.95) beats b (0.94)
+    # and trains on to 8 in one go
+    assert calls == [("a", 1), ("b", 1), ("c", 1), ("b", 1), ("a", 1), ("a", 6)]
+    assert [(r["arch"], r["epochs"], r["rungs"], r["chosen"]) for r in rows] == [
+        ("a", 2, 2, True),
+        ("b", 2, 2, False),
+        ("c", 1, 1, False),
+    ]
+    assert best.arch == "a" and rows[0]["final_epochs"] == 8 and rows[0]["final_val_accuracy"] == 0.97
+    assert not cut and sum(epochs for _, epochs in calls) == 11
+
+
+def test_plateau_stops_at_the_right_epoch() -> None:
+    losses = [1.0, 0.5, 0.3, 0.25, 0.249, 0.2485, 0.26, 0.27]
+    rule = {"patience": 2, "min_epochs": 4, "min_delta": 0.01}
+    stops = [n for n in range(1, len(losses) + 1) if plateaued(losses[:n], **rule)]
+    # after epoch 6: epochs 5 and 6 came within 1 % of epoch 4's 0.25
+    assert stops[0] == 6
+    flat = [1.0] * 6
+    assert [plateaued(flat[:n], **rule) for n in range(1, 7)] == [False, False, False, True, True, True]
+    assert not any(plateaued(flat[:n], **rule | {"patience": 0}) for n in range(1, 7))
+    assert plateaued([1.0, 0.9, 0.8, math.nan, math.nan], **rule)  # a diverged run stops
+    assert not plateaued([1.0, 0.9, 0.8, 0.7, 0.6], **rule)
+
+
+def test_train_final_stops_on_the_plateau_rule() -> None:
+    train_split, val_split = split_train_val(
+        load_dataset("digits").subset(np.arange(300)), val_fraction=0.2, seed=0
+    )
+    seen: list[list[float]] = []
+
+    def rule(losses: Any) -> bool:
+        seen.append(list(losses))
+        return len(losses) >= 3
+
+    trained = train_final(
+        "C4k3-P-F10", train_split, val_split, epochs=6, seed=0, plateau=rule, prior_val=[9.0]
+    )
+    assert trained.metrics["final_epochs"] == 2 and trained.metrics["plateau_stopped"]
+    assert [len(s) for s in seen] == [2, 3] and seen[0][0] == 9.0  # the earlier epochs' losses first
+    assert [h["val_loss"] for h in trained.history] == seen[-1][1:]
+    # the weights of the lowest validation loss are kept: the starting ones (9.0) lost to both epochs
+    losses = [h["val_loss"] for h in trained.history]
+    kept = trained.metrics["best_epoch"]
+    assert losses[kept - 1] == min(losses) and trained.metrics["val_loss"] == min(losses)
+    full = train_final("C4k3-P-F10", train_split, val_split, epochs=3, seed=0, track_val=True)
+    assert full.metrics["final_epochs"] == 3 and not full.metrics["plateau_stopped"]
+    assert len(full.history) == 3 and full.history[0]["val_loss"] == trained.history[0]["val_loss"]
+    assert full.metrics["best_epoch"] == 3  # no plateau rule: the last weights
+
+
+def test_the_plateau_rule_returns_to_the_best_weights() -> None:
+    """A run whose every epoch is worse than the weights it started from returns those weights."""
+    train_split, val_split = split_train_val(
+        load_dataset("digits").subset(np.arange(300)), val_fraction=0.2, seed=0
+    )
+    first = train_final("C4k3-P-F10", train_split, val_split, epochs=1, seed=0)
+    start = {k: v.clone() for k, v in first.module.state_dict().items()}
+    more = train_final(
+        "C4k3-P-F10", train_split, val_split, epochs=2, seed=1, init=first.module,
+        optimizer=first.optimizer, plateau=lambda _: False, prior_val=[-1.0],
+    )  # fmt: skip
+    assert more.metrics["best_epoch"] == 0 and more.metrics["final_epochs"] == 2
+    assert all(torch.equal(v, start[k]) for k, v in more.module.state_dict().items())
+    assert more.metrics["val_loss"] == pytest.approx(first.metrics["val_loss"], rel=1e-6)
