@@ -20,6 +20,8 @@ import contextlib
 import importlib
 import io
 import logging
+import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,8 +31,9 @@ from typing import Literal
 import numpy as np
 
 from common.errors import ConfigError, ExportError
+from edge_sdk import mobile_targets
 from export.atomic import atomic_write_bytes
-from export.metadata import DeployMetadata, check_metadata_props, read_deploy_metadata
+from export.metadata import DEPLOY_KEYS, DeployMetadata, check_metadata_props, read_deploy_metadata
 from export.onnx_check import check_classifier_onnx
 from export.onnx_export import onnx_session
 from export.onnx_parse import DEFAULT_LIMITS, parse_onnx
@@ -41,7 +44,6 @@ __all__ = ["TARGETS", "DeployConfig", "DeployResult", "Target", "deploy", "load_
 logger = logging.getLogger("edge_sdk")
 
 TargetName = Literal["onnx", "ort", "tflite", "executorch", "coreml"]
-MOBILE_FIX = "pip install 'oneshot-fl-edge[mobile]'"
 _CHECK_IMAGES = 64  # seeded images in the input range when no calibration images are given
 # fp32 artifacts compute the same graph in another runtime or after graph fusions: float32 rounding
 # differences, relative to the logits' scale; far below any gap that changes a prediction
@@ -72,8 +74,9 @@ class Target:
     convert: Callable[[Source], Files]
     run: Callable[[Files, np.ndarray], np.ndarray] | None
     module: str | None = None
+    extra: str = "mobile"  # the pyproject extra that installs ``module``
     int8: bool = False
-    needs: str = ""  # what the phone needs to run it, for the result and the README
+    needs: str = ""  # what the phone needs to run it, for the result
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,10 +171,7 @@ def deploy(
     files = target.convert(src)
     images = calibration if calibration is not None else _check_images(src)
     agreement, diff = _compare(target, src, files, images, exact=not config.int8)
-    out = Path(out)
-    written = tuple(
-        atomic_write_bytes(_side_path(out, suffix), data) for suffix, data in sorted(files.items())
-    )
+    written = _write(Path(out), files)
     return DeployResult(
         target=target.name,
         files=written,
@@ -230,12 +230,33 @@ def _require(target: Target) -> None:
     except ImportError as err:
         raise ExportError(
             f"target {target.name} needs the package {target.module.split('.')[0]!r}, which this install "
-            f"does not have ({type(err).__name__}); fix: {MOBILE_FIX}"
+            f"does not have ({type(err).__name__}); fix: pip install 'oneshot-fl-edge[{target.extra}]'"
         ) from err
 
 
-def _side_path(out: Path, suffix: str) -> Path:
-    return out if not suffix else out.with_name(out.stem + suffix)
+def _write(out: Path, files: Files) -> tuple[Path, ...]:
+    """Each file atomically; a package (keys ``/relative/path``, Core ML's ``.mlpackage`` directory) is
+    built in a sibling directory and renamed over ``out``, so a reader sees the old package or the new."""
+    if not any(key.startswith("/") for key in files):
+        return tuple(
+            atomic_write_bytes(out if not suffix else out.with_name(out.stem + suffix), data)
+            for suffix, data in sorted(files.items())
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    old = build.with_suffix(".old")
+    try:
+        for key, data in files.items():
+            path = build / key.lstrip("/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(build, out)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return (out,)
 
 
 def _compare(
@@ -311,7 +332,7 @@ def _ort_files(src: Source) -> Files:
     lines = [line for line in config.splitlines() if not line.startswith("#")]
     header = "# operators a reduced ONNX Runtime Mobile build needs for this model (--include_ops_by_config)"
     files = {"": ort, ".required_operators.config": "\n".join([header, *lines]).encode() + b"\n"}
-    _check_kept_metadata(src, _ort_metadata(ort), "ORT")
+    _check_kept_metadata(src.props, _ort_metadata(ort), "ORT")
     return files
 
 
@@ -322,8 +343,8 @@ def _ort_metadata(ort: bytes) -> dict[str, str]:
     return dict(session.get_modelmeta().custom_metadata_map)
 
 
-def _check_kept_metadata(src: Source, got: dict[str, str], what: str) -> None:
-    lost = sorted(key for key, value in src.props.items() if got.get(key) != value)
+def _check_kept_metadata(want: dict[str, str], got: dict[str, str], what: str) -> None:
+    lost = sorted(key for key, value in want.items() if got.get(key) != value)
     if lost:
         raise ExportError(
             f"the {what} conversion dropped or changed the metadata {lost}, expected every entry kept; fix: "
@@ -335,9 +356,58 @@ def _run_ort(files: Files, images: np.ndarray) -> np.ndarray:
     return _onnx_logits(files[""], images)
 
 
+# ------------------------------------------------------------------------------------------ torch-based
+
+
+def _rebuilt(src: Source):  # -> nn.Module
+    meta = src.metadata
+    return mobile_targets.rebuild(src.fp32, src.props, meta.input_spec.shape, len(meta.class_names))
+
+
+def _executorch(src: Source) -> Files:
+    program = mobile_targets.executorch_files(_rebuilt(src), src.metadata.input_spec.shape, src.props)
+    _check_kept_metadata(
+        {k: src.props[k] for k in DEPLOY_KEYS}, mobile_targets.executorch_metadata(program), "ExecuTorch"
+    )
+    return {"": program}
+
+
+def _tflite(src: Source) -> Files:
+    return mobile_targets.tflite_files(_rebuilt(src), src.metadata.input_spec.shape, src.props)
+
+
+def _coreml(src: Source) -> Files:
+    return mobile_targets.coreml_files(_rebuilt(src), src.metadata.input_spec.shape, src.props)
+
+
 TARGETS: dict[str, Target] = {
     "onnx": Target("onnx", ".onnx", _onnx_files, _run_onnx, int8=True, needs="onnxruntime (full or mobile)"),
     "ort": Target(
         "ort", ".ort", _ort_files, _run_ort, int8=True, needs="onnxruntime-mobile (or a reduced build)"
+    ),
+    "executorch": Target(
+        "executorch",
+        ".pte",
+        _executorch,
+        lambda files, images: mobile_targets.run_executorch(files[""], images),
+        module="executorch",
+        needs="the ExecuTorch runtime with the XNNPACK backend",
+    ),
+    "tflite": Target(
+        "tflite",
+        ".tflite",
+        _tflite,
+        lambda files, images: mobile_targets.run_tflite(files[""], images),
+        module="litert_torch",
+        extra="tflite",
+        needs="the LiteRT (TensorFlow Lite) runtime; class names and input spec in the .json beside it",
+    ),
+    "coreml": Target(
+        "coreml",
+        ".mlpackage",
+        _coreml,
+        None,
+        module="coremltools",
+        needs="iOS 16 / macOS 13 or later (Core ML); converted here, runs on Apple devices only",
     ),
 }
