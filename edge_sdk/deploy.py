@@ -33,6 +33,7 @@ import numpy as np
 from common.errors import ConfigError, ExportError
 from edge_sdk import mobile_targets
 from export.atomic import atomic_write_bytes
+from export.bundle import read_bundle
 from export.metadata import DEPLOY_KEYS, DeployMetadata, check_metadata_props, read_deploy_metadata
 from export.onnx_check import check_classifier_onnx
 from export.onnx_export import onnx_session
@@ -189,10 +190,19 @@ def deploy(
 
 
 def _read_bounded(model: str | Path | bytes, name: str) -> bytes:
+    """The ONNX bytes: the file's, size-checked first, or a client bundle's classifier (read and checked
+    by the bundle reader)."""
     limit = DEFAULT_LIMITS.max_model_bytes
     if isinstance(model, bytes | bytearray):
         return bytes(model)
     path = Path(model)
+    if path.suffix == ".bundle":
+        bundle = read_bundle(path)
+        if bundle.kind != "classifier":
+            raise ExportError(
+                f"{name} is a {bundle.kind} bundle, expected a classifier; fix: deploy a classifier bundle"
+            )
+        return bundle.model_onnx
     try:
         size = path.stat().st_size
         if size > limit:

@@ -16,13 +16,15 @@ import onnxruntime
 import pytest
 import torch
 
-from common.errors import ConfigError, ExportError
+from common.errors import ConfigError, ExportError, ToolkitError
 from edge_sdk.arch import build_model
+from edge_sdk.artifacts import TrainedModel, bundle_model
 from edge_sdk.cli import main
 from edge_sdk.data import deploy_metadata_for, load_dataset, save_client_data
 from edge_sdk.deploy import TARGETS, DeployConfig, deploy
 from edge_sdk.train import TrainConfig, to_float, train
 from export.onnx_export import export_onnx, read_metadata
+from profiles import load_profile
 
 FAMILIES = {
     "chain": "C32k5-P-C64k5-P-F10",
@@ -203,3 +205,29 @@ def test_coreml_converts_with_its_metadata(model, tmp_path) -> None:
     assert result.top1_agreement is None and (out / "Manifest.json").is_file()
     meta = ct.models.MLModel(str(out), skip_model_load=True).user_defined_metadata
     assert json.loads(meta["class_names"]) == list(NAMES)
+
+
+def test_a_client_bundle_deploys_its_classifier(tmp_path) -> None:
+    """A bundle's classifier: read through the bundle reader (its checks), deployed with its metadata."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        module = build_model(FAMILIES["chain"], (1, 8, 8), 10)
+    trained = TrainedModel(
+        module=module.eval(),
+        arch=FAMILIES["chain"],
+        num_classes=10,
+        input_shape=(1, 8, 8),
+        label_counts=(5,) * 10,
+        num_examples=50,
+        metrics={},
+        class_names=NAMES,
+    )
+    path = tmp_path / "client_0.bundle"
+    bundle_model(trained, load_profile("laptop-cpu"), path, seed=0)
+    result = deploy(path, tmp_path / "model.ort", config=DeployConfig(target="ort"))
+    assert result.class_names == NAMES and result.top1_agreement == 1.0
+    other = tmp_path / "client_1.bundle"
+    other.write_bytes(path.read_bytes()[:100])  # truncated: the bundle reader's error, nothing written
+    with pytest.raises(ToolkitError):
+        deploy(other, tmp_path / "x.ort", config=DeployConfig(target="ort"))
+    assert not (tmp_path / "x.ort").exists()
