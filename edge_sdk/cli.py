@@ -493,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
         from edge_sdk.deploy import DeployConfig
 
         p.add_argument(
-            "model", help="a classifier ONNX the toolkit wrote: global.onnx, deploy.onnx, a bundle's"
+            "model",
+            help="a classifier the toolkit wrote: global.onnx, a personalized deploy.onnx, a client .bundle",
         )
         p.add_argument("--out", required=True, type=out_file, help="the file to write (side files beside it)")
         p.add_argument(
