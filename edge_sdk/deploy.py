@@ -17,6 +17,7 @@ the toolkit's torch, is refused in one line saying which and why.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import io
 import logging
@@ -24,7 +25,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -116,7 +117,6 @@ class DeployResult:
     top1_agreement: float | None  # None: the runtime does not run here (conversion only)
     max_logit_diff: float | None
     needs: str = ""
-    notes: tuple[str, ...] = field(default=())
 
 
 def load_deployable(model: str | Path | bytes, *, source: str | None = None) -> Source:
@@ -161,14 +161,13 @@ def deploy(
     target = TARGETS[config.target]
     if config.int8 and calibration is None:
         raise ConfigError("--int8 needs calibration images; fix: pass --calibration with this device's data")
+    _require(target)
     src = load_deployable(model)
     shape = src.metadata.input_spec.shape
     if calibration is not None:
         calibration = _check_calibration(calibration, shape)
-    _require(target)
     if config.int8:
-        src = Source(src.name, src.fp32, quantize_int8(src.fp32, calibration[: config.calibration_size]),
-                     src.metadata, src.props)  # fmt: skip
+        src = dataclasses.replace(src, model=quantize_int8(src.fp32, calibration[: config.calibration_size]))
     files = target.convert(src)
     images = calibration if calibration is not None else _check_images(src)
     agreement, diff = _compare(target, src, files, images, exact=not config.int8)

@@ -48,6 +48,12 @@ def rebuild(
             "the model has no 'arch' metadata, which the torch-based targets rebuild it from; fix: deploy a "
             "model the toolkit exported (global.onnx, deploy.onnx, a bundle's), or use --target onnx or ort"
         )
+    if props.get("batchnorm") == "folded":  # its weights no longer map onto the architecture's modules
+        raise ExportError(
+            "the model was exported with BatchNorm folded into its convolutions (a personalized "
+            "deploy.onnx), the torch-based targets rebuild the architecture from BatchNorm-preserving "
+            "weights; fix: deploy it with --target onnx or ort, or the bundle or global.onnx it came from"
+        )
     try:
         module = build_model(arch, shape, logits)
         module.load_state_dict(initializer_state_dict(model_onnx, module, source="the model"), strict=True)

@@ -231,3 +231,18 @@ def test_a_client_bundle_deploys_its_classifier(tmp_path) -> None:
     with pytest.raises(ToolkitError):
         deploy(other, tmp_path / "x.ort", config=DeployConfig(target="ort"))
     assert not (tmp_path / "x.ort").exists()
+
+
+def test_a_folded_batchnorm_model_is_refused_by_the_torch_targets(tmp_path, monkeypatch) -> None:
+    """A personalized deploy.onnx has BatchNorm folded: its weights cannot be put back into the
+    architecture, so the torch-based targets refuse it in one line (onnx and ort take it)."""
+    monkeypatch.setitem(sys.modules, "executorch", sys.modules[__name__])  # present, never reached
+    arch = FAMILIES["elastic"]
+    module = build_model(arch, (1, 8, 8), 10).eval()
+    metadata = deploy_metadata_for((1, 8, 8), 10, None) | {"arch": arch}
+    folded = tmp_path / "deploy.onnx"
+    folded.write_bytes(export_onnx(module, (1, 8, 8), metadata=metadata, keep_batchnorm=False))
+    with pytest.raises(ExportError, match="BatchNorm folded"):
+        deploy(folded, tmp_path / "m.pte", config=DeployConfig(target="executorch"))
+    assert deploy(folded, tmp_path / "m.ort", config=DeployConfig(target="ort")).top1_agreement == 1.0
+    assert not (tmp_path / "m.pte").exists()
