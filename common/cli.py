@@ -141,6 +141,10 @@ MODULE_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "torchvision": ("torchvision", ("server",)),
     "matplotlib": ("matplotlib", ("server",)),
     "flwr": ("flwr", ("flower",)),
+    "executorch": ("executorch", ("mobile",)),
+    "coremltools": ("coremltools", ("mobile",)),
+    "litert_torch": ("litert-torch", ("tflite",)),
+    "ai_edge_litert": ("ai-edge-litert", ("tflite",)),
 }
 
 

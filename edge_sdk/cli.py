@@ -333,6 +333,38 @@ def cmd_personalize(args: argparse.Namespace) -> Output:
     return Output(data, [line])
 
 
+def cmd_deploy(args: argparse.Namespace) -> Output:
+    from edge_sdk.deploy import DeployConfig, deploy
+
+    config = config_from_dict(DeployConfig, given_table(args, args.flags), what="deploy options")
+    from edge_sdk.data import load_client_data
+
+    calibration = None
+    if args.calibration is not None:  # deploy refuses --int8 without it, before reading the model
+        calibration = load_client_data(args.calibration).x.float().div(255).numpy()
+    result = deploy(args.model, args.out, config=config, calibration=calibration)
+    agreement = (
+        "conversion only (its runtime does not run here)"
+        if result.top1_agreement is None
+        else f"top-1 agreement with the float32 ONNX {result.top1_agreement:.4f} on {result.check_images} "
+        f"images (max logit difference {result.max_logit_diff:.3g})"
+    )
+    names = ", ".join(str(p) for p in result.files)
+    line = f"{result.target}{' int8' if result.int8 else ''}: wrote {names}; {agreement}"
+    data = {
+        "target": result.target,
+        "int8": result.int8,
+        "wrote": [str(p) for p in result.files],
+        "class_names": list(result.class_names),
+        "input_shape": list(result.input_shape),
+        "check_images": result.check_images,
+        "top1_agreement": result.top1_agreement,
+        "max_logit_diff": result.max_logit_diff,
+        "needs": result.needs,
+    }
+    return Output(data, [line])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser, command = root_parser(
         "edge-sdk",
@@ -480,6 +512,28 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_personalize,
         "personalise this device's model with the server's package; export fp32 and int8 ONNX",
         build_personalize,
+    )
+
+    def build_deploy(p: argparse.ArgumentParser) -> None:
+        from edge_sdk.deploy import DeployConfig
+
+        p.add_argument(
+            "model",
+            help="a classifier the toolkit wrote: global.onnx, a personalized deploy.onnx, a client .bundle",
+        )
+        p.add_argument("--out", required=True, type=out_file, help="the file to write (side files beside it)")
+        p.add_argument(
+            "--calibration",
+            help="this device's data (.npz or image folder): calibrates --int8, and the converted model is "
+            "checked against the float32 one on it",
+        )
+        p.set_defaults(flags=add_config_args(p, DeployConfig))
+
+    command(
+        "deploy",
+        cmd_deploy,
+        "convert a classifier for a phone runtime: onnx, ort, tflite, executorch or coreml",
+        build_deploy,
     )
 
     p = command("inspect", cmd_inspect, "print a bundle's manifest (and optionally extract its ONNX)")

@@ -1,0 +1,188 @@
+"""The torch-based phone runtimes behind `edge-sdk deploy`: ExecuTorch, LiteRT (TFLite) and Core ML.
+
+Each starts from the classifier rebuilt as a torch module (its ``arch`` metadata and its ONNX weights, as
+the server rebuilds teachers), so the artifact computes what the ONNX computes. Each carries the deployment
+metadata where its runtime can read it: ExecuTorch as constant methods of the program
+(``program.load_method("class_names")``), Core ML in the package's user-defined metadata, LiteRT in a
+JSON file beside the model (the metadata a LiteRT flatbuffer holds is read through the separate
+tflite-support package, which this toolkit does not depend on). Their packages are optional and imported
+here only when the target is used (``edge_sdk.deploy.TARGETS`` names the extra that brings each).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from common.errors import ExportError
+from edge_sdk.arch import build_model
+from export.metadata import DEPLOY_KEYS
+from export.weights import initializer_state_dict
+
+__all__ = [
+    "coreml_files",
+    "executorch_files",
+    "rebuild",
+    "run_executorch",
+    "run_tflite",
+    "tflite_files",
+]
+
+_OPERATOR = re.compile(r"aten[.:]+[A-Za-z_0-9.]+")
+
+
+def rebuild(
+    model_onnx: bytes, props: Mapping[str, str], shape: tuple[int, int, int], logits: int
+) -> nn.Module:
+    """The classifier as a torch module in eval mode, from its ``arch`` metadata and ONNX weights."""
+    arch = props.get("arch")
+    if not arch:
+        raise ExportError(
+            "the model has no 'arch' metadata, which the torch-based targets rebuild it from; fix: deploy a "
+            "model the toolkit exported (global.onnx, deploy.onnx, a bundle's), or use --target onnx or ort"
+        )
+    if props.get("batchnorm") == "folded":  # its weights no longer map onto the architecture's modules
+        raise ExportError(
+            "the model was exported with BatchNorm folded into its convolutions (a personalized "
+            "deploy.onnx), the torch-based targets rebuild the architecture from BatchNorm-preserving "
+            "weights; fix: deploy it with --target onnx or ort, or the bundle or global.onnx it came from"
+        )
+    try:
+        module = build_model(arch, shape, logits)
+        module.load_state_dict(initializer_state_dict(model_onnx, module, source="the model"), strict=True)
+    except (ValueError, RuntimeError) as err:  # SpecError, BundleError, torch's own
+        raise ExportError(f"cannot rebuild the model from its arch {arch[:200]!r}: {err}") from err
+    return module.eval()
+
+
+def conversion_error(runtime: str, err: BaseException) -> ExportError:
+    """One line for a converter's failure, naming the operator it could not represent when it says one."""
+    text = " ".join(str(err).split())
+    ops = sorted(set(_OPERATOR.findall(text)))
+    what = f"the operator(s) {', '.join(ops[:5])}" if ops else "the model"
+    return ExportError(
+        f"{runtime} cannot represent {what} ({type(err).__name__}: {text[:300]}); fix: deploy to onnx "
+        "or ort, which run every operator the toolkit exports"
+    )
+
+
+def _deploy_props(props: Mapping[str, str]) -> dict[str, str]:
+    return {key: props[key] for key in DEPLOY_KEYS}
+
+
+# ------------------------------------------------------------------------------------------ ExecuTorch
+
+
+def executorch_files(module: nn.Module, shape: tuple[int, int, int], props: Mapping[str, str]) -> bytes:
+    """A ``.pte`` program lowered to XNNPACK (ExecuTorch's CPU backend on Android and iOS), exported with a
+    dynamic batch axis (a static batch-1 export of the elastic family failed in the runtime) and run one
+    image at a time (its memory plan bounds the batch below the declared maximum), the deployment metadata
+    as constant methods."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    example = (torch.rand((2, *shape), generator=torch.Generator().manual_seed(0)),)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    try:
+        with torch.no_grad():
+            program = torch.export.export(module, example, dynamic_shapes=({0: batch},))
+        lowered = to_edge_transform_and_lower(
+            program, partitioner=[XnnpackPartitioner()], constant_methods=_deploy_props(props)
+        )
+        return bytes(lowered.to_executorch().buffer)
+    except Exception as err:  # torch.export and exir raise many types, each a model it cannot represent
+        raise conversion_error("ExecuTorch", err) from err
+
+
+def run_executorch(program: bytes, images: np.ndarray) -> np.ndarray:
+    """Logits of the ``.pte`` in ExecuTorch's runtime (the C++ runtime the phone links), one image at a
+    time as on the phone."""
+    from executorch.runtime import Runtime
+
+    forward = Runtime.get().load_program(program).load_method("forward")
+    return np.stack([forward.execute([torch.from_numpy(image[None])])[0][0].numpy() for image in images])
+
+
+def executorch_metadata(program: bytes) -> dict[str, str]:
+    """The deployment metadata as the runtime reads it back from the program's constant methods."""
+    from executorch.runtime import Runtime
+
+    loaded = Runtime.get().load_program(program)
+    return {key: str(loaded.load_method(key).execute([])[0]) for key in DEPLOY_KEYS}
+
+
+# ------------------------------------------------------------------------------------------ LiteRT
+
+
+def tflite_files(
+    module: nn.Module, shape: tuple[int, int, int], props: Mapping[str, str]
+) -> dict[str, bytes]:
+    """A ``.tflite`` flatbuffer of batch 1 (a phone labels one image at a time) and its metadata JSON."""
+    import litert_torch
+
+    example = (torch.rand((1, *shape), generator=torch.Generator().manual_seed(0)),)
+    try:
+        with tempfile.TemporaryDirectory(prefix="deploy-tflite-") as tmp:
+            path = Path(tmp, "model.tflite")
+            litert_torch.convert(module, example).export(str(path))
+            model = path.read_bytes()
+    except Exception as err:  # the converter raises many types, each a model it cannot represent
+        raise conversion_error("LiteRT", err) from err
+    sidecar = json.dumps(_deploy_props(props), sort_keys=True, indent=2) + "\n"
+    return {"": model, ".json": sidecar.encode("utf-8")}
+
+
+def run_tflite(model: bytes, images: np.ndarray) -> np.ndarray:
+    """Logits of the ``.tflite`` in the LiteRT interpreter, one image at a time as on the phone."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_content=model)
+    interpreter.allocate_tensors()
+    x, y = interpreter.get_input_details()[0]["index"], interpreter.get_output_details()[0]["index"]
+    out = []
+    for image in images:
+        interpreter.set_tensor(x, image[None])
+        interpreter.invoke()
+        out.append(interpreter.get_tensor(y)[0].copy())
+    return np.stack(out)
+
+
+# ------------------------------------------------------------------------------------------ Core ML
+
+
+def coreml_files(
+    module: nn.Module, shape: tuple[int, int, int], props: Mapping[str, str]
+) -> dict[str, bytes]:
+    """An ``.mlpackage`` (ML program, iOS 16+, batch 1) as its files, keyed ``/relative/path``: Core ML
+    runs only on Apple devices, so it is converted here and never run."""
+    import coremltools as ct
+
+    example = (torch.rand((1, *shape), generator=torch.Generator().manual_seed(0)),)
+    try:
+        with torch.no_grad():
+            program = torch.export.export(module, example).run_decompositions({})
+        model = ct.convert(
+            program,
+            inputs=[ct.TensorType(name="x", shape=(1, *shape))],
+            outputs=[ct.TensorType(name="logits")],
+            minimum_deployment_target=ct.target.iOS16,
+        )
+    except Exception as err:  # coremltools raises many types, each a model it cannot represent
+        raise conversion_error("Core ML", err) from err
+    for key, value in _deploy_props(props).items():
+        model.user_defined_metadata[key] = value
+    with tempfile.TemporaryDirectory(prefix="deploy-coreml-") as tmp:
+        root = Path(tmp, "model.mlpackage")
+        model.save(str(root))
+        return {
+            "/" + path.relative_to(root).as_posix(): path.read_bytes()
+            for path in sorted(root.rglob("*"))
+            if path.is_file()
+        }
