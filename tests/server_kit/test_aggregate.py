@@ -105,7 +105,7 @@ def test_aggregate_end_to_end(tmp_path, bundles):
     assert set(report["seconds"]) >= {"load", "inversion", "labels", "distill", "export", "evaluate"}
     assert [t["arch"] for t in report["teachers"]] == list(SPECS)
     assert report["teachers"][1]["label_counts"] == [3, 7, 0]
-    assert report["teachers"][2]["val_accuracy"] == pytest.approx(0.7)
+    assert report["teachers"][2]["val_accuracy"] == pytest.approx(0.7)  # 0.5 + 0.1 * 2 in float64
     assert report["skipped"] == []
     assert len(report["distill_loss"]) == 2
     assert set(report["label_agreement"]) == {"target_class", "generating_teacher"}
