@@ -104,4 +104,4 @@ def test_builder_resizes_head_and_normalises_inside():
     zeros = model(torch.zeros(1, 1, 8, 8))
     with torch.no_grad():
         manual = model.classifier(torch.flatten(model.features(torch.full((1, 1, 8, 8), -1.0)), 1))
-    torch.testing.assert_close(zeros, manual)
+    torch.testing.assert_close(zeros, manual)  # (0 - 0.5) / 0.5 = -1 exactly; the same layers after it

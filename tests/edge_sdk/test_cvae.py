@@ -203,13 +203,13 @@ def test_decoder_export_interface_and_parity(model_name: str, shape: tuple[int, 
         with torch.no_grad():
             expected = model.decoder(z, y).numpy()
         assert got.shape == (batch, *shape)
-        assert float(np.abs(got - expected).max()) <= 1e-4
+        assert float(np.abs(got - expected).max()) <= 1e-4  # the export's parity bound on pixels in [0, 1]
         assert got.min() >= 0.0 and got.max() <= 1.0
     # Initializer names are the decoder's state_dict keys: the server rebuilds it exactly.
     rebuilt = build_cvae(model_name, shape, 10, 3).decoder
     rebuilt.load_state_dict(initializer_state_dict(data, rebuilt), strict=True)
     z, y = torch.randn(4, 3), torch.eye(10)[:4]
-    with torch.no_grad():
+    with torch.no_grad():  # the same weights through the same torch kernels: bitwise
         assert torch.equal(rebuilt(z, y), model.decoder(z, y))
 
 
@@ -249,10 +249,12 @@ def test_loss_is_summed_bce_plus_kl_per_sample() -> None:
     posterior = torch.distributions.Normal(mean, std)
     prior = torch.distributions.Normal(torch.zeros_like(mean), torch.ones_like(std))
     kl_ref = torch.distributions.kl_divergence(posterior, prior).sum() / 4
+    # closed forms vs torch's BCE / Normal KL on 36 pixels and 8 latents: the same float32 values summed in
+    # other orders and through log1p-style formulas, ~1e-6 relative; 1e-5 leaves a tenfold margin
     torch.testing.assert_close(recon, bce, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kl, kl_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loss, bce + kl_ref, rtol=1e-5, atol=1e-5)
-    recon_out, mean_out, _ = model(x, y, eps)
+    recon_out, mean_out, _ = model(x, y, eps)  # the same modules on the same inputs: float32 defaults
     torch.testing.assert_close(recon_out, p)
     torch.testing.assert_close(mean_out, mean)
 
@@ -263,24 +265,26 @@ def test_training_lowers_loss_and_is_deterministic(digits: ArrayDataset) -> None
     model, history = train_cvae(digits, config=config, seed=3)
     assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is untouched
     losses = [epoch["loss"] for epoch in history]
-    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]  # a change in kernels moves this by far less
     # the curve of each part: the loss of every epoch is their sum (beta = 1), both parts positive
     for epoch in history:
         assert epoch["recon"] > 0 and epoch["kl"] > 0
+        # per-batch float32 sums accumulated separately: a few ulps per batch, rel 1e-5 over the epoch
         assert epoch["loss"] == pytest.approx(epoch["recon"] + epoch["kl"], rel=1e-5)
     with torch.random.fork_rng():  # the same seeded init train_cvae starts from
         torch.manual_seed(3)
         untrained = build_cvae("cvae-small", digits.input_shape, 10, 2)
     after, before = evaluate_cvae(model, digits, seed=0), evaluate_cvae(untrained, digits, seed=0)
     assert after["loss"] < before["loss"]
+    # each batch's loss is recon + kl rounded once in float32 (~6e-8 relative), then summed in float64
     assert after["loss"] == pytest.approx(after["recon"] + after["kl"], rel=1e-6)
     again, _ = train_cvae(digits, config=config, seed=3)
     for (key, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
-        assert torch.equal(a, b), key
+        assert torch.equal(a, b), key  # the same seeded path twice: bitwise
     # beta = 1 is the ELBO itself; a larger beta trains another model, which keeps less of x in z
     beta, beta_history = train_cvae(digits, config=dataclasses.replace(config, kl_weight=4.0), seed=3)
     # the KL curve is the unweighted KL; the loss weighs it by beta
-    assert beta_history[0]["loss"] == pytest.approx(
+    assert beta_history[0]["loss"] == pytest.approx(  # as above: per-batch float32 sums
         beta_history[0]["recon"] + 4 * beta_history[0]["kl"], rel=1e-5
     )
     assert evaluate_cvae(beta, digits, seed=0)["kl"] < after["kl"]
@@ -303,6 +307,7 @@ def test_class_prior_fits_classes_with_enough_images(digits: ArrayDataset) -> No
     with torch.no_grad():
         mean, _ = model.encoder(x, y)
     for c in (0, 7):
+        # a mean of ~180 posterior means in another order (and another batching): ~1e-6 relative
         torch.testing.assert_close(prior.mean[c], mean[digits.y == c].mean(0), atol=1e-5, rtol=1e-4)
         chol = prior.scale[c].reshape(4, 4)
         assert torch.equal(chol, torch.tril(chol)) and bool((torch.diag(chol) > 0).all())
@@ -314,7 +319,7 @@ def test_class_prior_fits_classes_with_enough_images(digits: ArrayDataset) -> No
         expected = torch.stack(
             [prior.mean[c] + prior.scale[c].reshape(4, 4) @ e for c, e in zip([2, 2, 5], eps, strict=True)]
         )
-        torch.testing.assert_close(z, expected)
+        torch.testing.assert_close(z, expected)  # a 4 x 4 matrix-vector product: the float32 defaults
         torch.testing.assert_close(model.decoder(eps, onehot), torch.sigmoid(model.decoder.logits(z, onehot)))
     assert evaluate_cvae(model, digits, seed=0) == evaluate_cvae(plain, digits, seed=0)
     # a class with fewer images than the latent has dimensions keeps N(0, I), and the server skips it
@@ -381,6 +386,7 @@ def test_run_client_cvae_writes_decoder_bundle(digits: ArrayDataset, tmp_path: P
     assert set(report["curves"]) == {"cvae"}
     curve = check_curve(report["curves"]["cvae"], "cvae")
     assert set(curve) == {"epoch", "loss", "recon", "kl"} and curve["epoch"] == [1, 2]
+    # the same number stored twice (JSON and msgpack float round trips); the parts are per-batch float32 sums
     assert curve["loss"][-1] == pytest.approx(bundle.metrics["train_loss"], rel=1e-5)
     assert curve["loss"] == pytest.approx(
         [r + k for r, k in zip(curve["recon"], curve["kl"], strict=True)], rel=1e-4

@@ -58,7 +58,7 @@ def supernet() -> SuperNet:
 @pytest.mark.parametrize("spec", _specs(), ids=str)
 def test_extracted_subnet_matches_the_supernet_path(supernet, spec):
     x = torch.rand(5, *SHAPE, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
+    with torch.no_grad():  # sliced vs copied weights may take other conv kernels: ~1e-6 on O(1) outputs
         assert torch.allclose(supernet(x, spec), extract(supernet, spec).eval()(x), atol=1e-5)
 
 
@@ -107,7 +107,7 @@ def test_supernet_file_round_trip_and_refusals(supernet, tmp_path):
     path = save_supernet(supernet, tmp_path / "s.file")
     back = load_supernet(path)
     x = torch.rand(3, *SHAPE)
-    with torch.no_grad():
+    with torch.no_grad():  # the same weights through the same kernels: bitwise
         assert torch.equal(back(x, largest()), supernet(x, largest()))
     obj = msgpack.unpackb(path.read_bytes(), raw=False)
     obj["tensors"] = obj["tensors"][:-1] + bytes([obj["tensors"][-1] ^ 1])
@@ -167,6 +167,7 @@ def test_hetero_avg_of_identical_specs_is_fedavg(supernet):
     merged = extract(hetero_avg(supernet, [(spec, states[0], 1), (spec, states[1], 3)]), spec).state_dict()
     for key, value in merged.items():
         if value.is_floating_point():
+            # a weighted mean vs three float32 roundings of |values| < 5: below 1e-6 (as in test_fedavg)
             assert torch.allclose(value, 0.25 * states[0][key] + 0.75 * states[1][key], atol=1e-6), key
     # an element only the larger subnet holds comes from that client alone
     small = smallest()
@@ -174,6 +175,7 @@ def test_hetero_avg_of_identical_specs_is_fedavg(supernet):
     tiny_state = build_model(str(small), SHAPE, 10).state_dict()
     mixed = hetero_avg(supernet, [(largest(), big_state, 1), (small, tiny_state, 1)])
     head = mixed.max.state_dict()["head.weight"]
+    # a copy, and a mean of two: one rounding each, within allclose's defaults (rtol 1e-5, atol 1e-8)
     assert torch.allclose(head[:, 64:], big_state["head.weight"][:, 64:])
     assert torch.allclose(head[:, :64], (big_state["head.weight"][:, :64] + tiny_state["head.weight"]) / 2)
 

@@ -95,7 +95,8 @@ def test_resize_scales_and_centre_crops_any_size_to_one_square(tmp_path: Path) -
     assert train.x.shape == (3, 3, 8, 8) and train.class_names == ("grey", "red")
     assert (train.x[0] == 77).all()  # a grey image in a colour set: its value in every channel
     red = train.x[1:].to(torch.int16)
-    assert (red - torch.tensor([200, 10, 30], dtype=torch.int16).view(1, 3, 1, 1)).abs().max() <= 3  # JPEG
+    # JPEG: a flat colour comes back within a few grey levels of chroma rounding (integer IDCT, no torch)
+    assert (red - torch.tensor([200, 10, 30], dtype=torch.int16).view(1, 3, 1, 1)).abs().max() <= 3
 
 
 def test_tar_and_folder_give_identical_arrays(tmp_path: Path) -> None:
@@ -227,8 +228,8 @@ def test_mixed_modes_are_converted_to_rgb(tmp_path: Path) -> None:
     sixteen = by_name["sixteen"]
     assert sixteen[:, 0, 0].tolist() == [100] * 3 and int(sixteen[:, 1:].min()) == 255  # 0..65535 -> 0..255
     assert (
-        by_name["cmyk"].to(torch.int16) - by_name["alpha"].to(torch.int16)
-    ).abs().float().mean() < 12  # JPEG
+        (by_name["cmyk"].to(torch.int16) - by_name["alpha"].to(torch.int16)).abs().float().mean() < 12
+    )  # JPEG of a CMYK image vs the RGB original: lossy, but a few levels on average
 
 
 def test_a_mode_without_a_fixed_range_is_refused_naming_the_file(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ def test_outliers_shuffle_tiles_and_blend_only_two_classes() -> None:
     out = make_outliers(x, y, 8, torch.Generator().manual_seed(1))
     again = make_outliers(x, y, 8, torch.Generator().manual_seed(1))
     assert out.shape == (8, 1, 8, 8) and torch.equal(out, again)  # seeded
-    # a shuffled image holds the same pixels as one batch image, a blend the mean of two of different classes
+    # a shuffled image holds the same pixels as one batch image (a permutation: exact), a blend the mean of
+    # two of different classes (one or two roundings, within allclose's defaults)
     shuffled = [
         any(torch.equal(o.flatten().sort().values, s.flatten().sort().values) for s in x) for o in out
     ]

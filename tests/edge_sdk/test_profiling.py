@@ -182,7 +182,9 @@ def test_measure_device() -> None:
     assert profile.gflops > 0 and profile.cores >= 1 and profile.memory_mb > 0
     assert "conv3x3" in profile.gflops_source and "matmul" in profile.gflops_source
     # The documented rule: 1000 inferences/s at the measured rate; params capped by max_flops / 2.
-    assert profile.max_flops == pytest.approx(profile.gflops * 1e6, rel=1e-3)
+    assert profile.max_flops == pytest.approx(
+        profile.gflops * 1e6, rel=1e-3
+    )  # max_flops is truncated to an int
     assert 1 <= profile.max_params <= profile.max_flops / 2
     with pytest.raises(ConfigError, match="seconds must be a positive number"):
         measure_device(seconds=0)
@@ -192,7 +194,7 @@ def test_measure_device() -> None:
 
 def test_train_seconds_and_the_time_budget() -> None:
     profile = device(gflops=2.0, time_budget_s=100.0)
-    assert train_seconds(1_000_000, 1000, 10, profile) == pytest.approx(3 * 1e6 * 1000 * 10 / 2e9)
+    assert train_seconds(1_000_000, 1000, 10, profile) == pytest.approx(3 * 1e6 * 1000 * 10 / 2e9)  # float64
     assert trains_in_time(1_000_000, 1000, 10, profile) is None  # 15 s of a 50 s share
     message = trains_in_time(10_000_000, 1000, 10, profile)  # 150 s
     assert message is not None and "150 s" in message and "time_budget_s" in message

@@ -44,7 +44,7 @@ def test_the_file_holds_the_seeded_weights_and_is_reproducible(tmp_path: Path) -
     with seeded(7):
         want = build_model(ARCH, SHAPE, 10).state_dict()
     for key, value in got.module.state_dict().items():
-        torch.testing.assert_close(value, want[key], rtol=0, atol=0)
+        torch.testing.assert_close(value, want[key], rtol=0, atol=0)  # rebuilt from the seed: exact
 
 
 def test_a_file_for_another_task_or_no_init_file_is_refused(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_clients_from_one_init_average_into_a_working_model(tmp_path: Path) -> N
     states = [t.module.state_dict() for t in teachers]
     for key, value in average.state_dict().items():  # FedAvg is the elementwise mean of the two uploads
         if value.is_floating_point():
-            torch.testing.assert_close(value, (states[0][key] + states[1][key]) / 2)
+            torch.testing.assert_close(value, (states[0][key] + states[1][key]) / 2)  # two roundings
     shared_accuracy = evaluate_module(average, test)["accuracy"]
 
     alone = [_client(tmp_path, f"alone{k}", halves[k], None, seed=k) for k in range(2)]

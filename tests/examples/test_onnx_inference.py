@@ -101,7 +101,12 @@ def test_the_example_labels_images_and_arrays_without_torch(tmp_path: Path, digi
     for row, probabilities in zip(rows, expected, strict=True):
         top = [(m["name"].strip(), float(m["p"])) for m in ENTRY.finditer(row["top"])]  # type: ignore[index]
         order = np.argsort(-probabilities, kind="stable")[:2]
-        assert [name for name, _ in top] == [WORDS[c] for c in order]
+        # onnxruntime and torch logits agree within the export's parity bound (1e-4), so probabilities agree
+        # within 2e-4 relative: only classes that close may swap ranks between the two runtimes
+        for (name, _), want in zip(top, order, strict=True):
+            got = probabilities[WORDS.index(name)]
+            assert name == WORDS[want] or abs(got - probabilities[want]) <= 2e-4 * probabilities[want]
+        # printed to 4 decimals (5e-5) plus that runtime difference
         assert [p for _, p in top] == pytest.approx(probabilities[order], abs=2e-4)
 
 

@@ -80,6 +80,7 @@ def test_load_decoder_rebuilds_with_parity(tmp_path: Path, class_prior: bool) ->
     z, y = torch.randn(5, 3, generator=torch.Generator().manual_seed(9)), torch.eye(4)[[0, 1, 2, 3, 0]]
     with torch.no_grad():
         got = decoder(z, y).numpy()
+    # rebuilt torch decoder vs onnxruntime on pixels in [0, 1]: summation order costs ~1e-7, 1e-5 is ample
     assert float(np.abs(got - _ort(read_bundle(path), z, y)).max()) <= 1e-5
 
 
@@ -88,6 +89,7 @@ def test_load_decoder_falls_back_to_onnxruntime(tmp_path: Path) -> None:
     decoder = load_decoder(bundle)
     assert isinstance(decoder, OnnxDecoder)
     z, y = torch.zeros(2, 3), torch.eye(4)[:2]
+    # OnnxDecoder runs the very same onnxruntime session code on the same inputs: bitwise
     np.testing.assert_array_equal(decoder(z, y).numpy(), _ort(bundle, z, y))
     # The ONNX makes 6x6 images, the bundle says 5x5: the load-time contract refuses it before either
     # path builds or runs anything.
@@ -220,6 +222,7 @@ def test_sample_decoders_follows_the_allocation() -> None:
         np.testing.assert_array_equal(torch.bincount(y[client == k], minlength=3).numpy(), cells[k])
     again = sample_decoders(decoders, counts, total=16, num_classes=3, seed=7)
     other = sample_decoders(decoders, counts, total=16, num_classes=3, seed=8)
+    # _Stamp is elementwise, so another batch size computes the same float ops: bitwise
     assert torch.equal(again[0], x) and torch.equal(again[1], y)
     assert not torch.equal(other[0], x)
     with pytest.raises(ConfigError, match="one label-count row per decoder"):
@@ -251,6 +254,8 @@ def test_sample_decoders_temperature_scales_the_same_draw() -> None:
     x, _ = sample_decoders([_Stamp(0)], counts, total=12, num_classes=3, seed=3)
     cold, _ = sample_decoders([_Stamp(0)], counts, total=12, num_classes=3, seed=3, temperature=0.5)
     z0 = torch.logit(x[:, 0, 0, 2].double())
+    # logit undoes a float32 sigmoid: its ~6e-8 relative rounding grows by 1 / (p (1 - p)), still below
+    # 1e-5 for |z| < 5; 1e-4 leaves a margin and still catches a wrong temperature (a factor 2)
     torch.testing.assert_close(torch.logit(cold[:, 0, 0, 2].double()), 0.5 * z0, rtol=1e-4, atol=1e-4)
     for bad in (0.0, 1.5, float("nan"), True):
         with pytest.raises(ConfigError, match="temperature"):

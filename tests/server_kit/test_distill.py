@@ -65,6 +65,7 @@ def test_hard_labels_use_cross_entropy():
         ce_after = float(F.cross_entropy(student(x), y))
     assert ce_after < ce_before and history[-1] < history[0]
     # the first epoch's mean is a CE value (≈ ln 3 for a fresh student), not a tau^2-scaled KL
+    # ln 3 ~ 1.1 vs a tau^2-scaled KL of 16 x ~0.05: 0.5 separates them whatever the kernels' rounding
     assert abs(history[0] - ce_before) < 0.5
 
 
@@ -79,7 +80,7 @@ def test_distill_is_deterministic_and_leaves_global_rng_alone():
     distill(c, x, targets, config=cfg, seed=8)
     assert torch.equal(torch.get_rng_state(), state)
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
-    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)  # the same seeded path twice: bitwise
     assert any(not torch.equal(sa[k], sc[k]) for k in sa)
 
 

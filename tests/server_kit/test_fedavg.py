@@ -64,12 +64,14 @@ def test_average_state_dicts_equals_the_manual_mean() -> None:
             assert int(value) == 4  # integer buffers take the maximum (seeds 1..3 -> 2..4)
             continue
         manual = (states[0][key] * 1 + states[1][key] * 3 + states[2][key] * 6) / 10
+        # the mean is taken in float64; the manual side rounds four elementwise float32 ops (each exactly
+        # rounded on every instruction set): a few ulps of |values| < 5, below 1e-6
         torch.testing.assert_close(value, manual, rtol=0, atol=1e-6)
         assert value.dtype == states[0][key].dtype
     uniform = average_state_dicts(states)
     key = "classifier.0.weight"
     torch.testing.assert_close(uniform[key], (states[0][key] + states[1][key] + states[2][key]) / 3)
-    assert torch.equal(average_state_dicts(states[:1])[key], states[0][key])
+    assert torch.equal(average_state_dicts(states[:1])[key], states[0][key])  # weight 1: float64 round trip
 
 
 def test_average_state_dicts_rejects_mismatches() -> None:
@@ -100,7 +102,9 @@ def test_fedavg_init_weights_by_examples_or_uniformly() -> None:
         "classifier.3.bias",
     ):
         expected = 0.25 * before[0][key] + 0.75 * before[1][key]
-        torch.testing.assert_close(state[key], expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            state[key], expected, rtol=0, atol=1e-6
+        )  # as above: float64 vs 3 roundings
     uniform = fedavg_init(teachers, weighting="uniform")
     assert uniform is not None
     key = "classifier.0.weight"
@@ -109,7 +113,7 @@ def test_fedavg_init_weights_by_examples_or_uniformly() -> None:
     )
     for teacher, saved in zip(teachers, before, strict=True):  # teachers untouched
         for k, v in teacher.module.state_dict().items():
-            assert torch.equal(v, saved[k]), k
+            assert torch.equal(v, saved[k]), k  # untouched: bitwise
     x = torch.rand(2, *SHAPE)
     assert model(x).shape == (2, 3)
 

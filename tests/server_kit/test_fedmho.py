@@ -96,7 +96,9 @@ def test_simulate_mixes_classifier_and_cvae_clients(tmp_path):
     assert "test_accuracy" not in results["clients"][1] and results["clients"][1]["candidate_epochs"] == 0
     report = json.loads((tmp_path / "server" / "report.json").read_text())
     assert report["training"] == "FedMHO-md" and report["decoders"]["sampled"] == 300
-    assert results["global_accuracy"] > 0.3  # three digits clients, ten classes: chance is 0.1
+    # three digits clients, ten classes: chance is 0.1; a wide margin under what the run reaches, so
+    # another instruction set's rounding (a few test images) cannot cross it
+    assert results["global_accuracy"] > 0.3
 
 
 def test_fedmho_preset_end_to_end_on_digits(tmp_path):
@@ -117,7 +119,7 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     assert len(inits) == 1 and reports[0]["config"]["search"]["strategy"] == "fixed"
     server = json.loads((tmp_path / "server" / "report.json").read_text())
     assert server["init"] == "fedavg" and server["training"] == "FedMHO-md"
-    assert results["global_accuracy"] > 0.5
+    assert results["global_accuracy"] > 0.5  # as above: chance 0.1, a wide margin under the reached value
     # the preset's decoders: a class prior each, drawn at 0.9, the budget split by every upload's counts
     archs = {c["arch"] for c in results["clients"] if c["kind"] == "cvae_decoder"}
     assert archs == {"cvae-small-z20-classprior"}

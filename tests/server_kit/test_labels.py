@@ -39,6 +39,7 @@ def test_consensus_is_the_mean_of_teacher_probabilities():
     with torch.no_grad():
         manual = sum(F.softmax(t(x) / 4.0, dim=1) for t in ts) / 3  # 37 x 3
     got = consensus(ts, x, tau=4.0, batch_size=10, precision="fp32")  # several batches, one partial
+    # the same float32 ops on probabilities below 1; batching can change GEMM blocking: ~1e-7 per value
     torch.testing.assert_close(got, manual, atol=1e-6, rtol=0)
     torch.testing.assert_close(got.sum(1), torch.ones(37))
 
@@ -47,6 +48,8 @@ def test_consensus_in_bfloat16_stays_close_to_float32():
     ts, x = teachers(), images(37)
     exact = consensus(ts, x, tau=4.0, precision="fp32")
     fast = consensus(ts, x, tau=4.0, precision="bf16")  # emulated where the CPU has no bfloat16
+    # bfloat16 keeps 8 significant bits (2**-9 ~ 2e-3 relative per rounding); 2e-2 on a probability allows
+    # about ten such roundings, whether the CPU accumulates in float32 (native) or rounds each op (emulated)
     torch.testing.assert_close(fast, exact, atol=2e-2, rtol=0)
     torch.testing.assert_close(fast.sum(1), torch.ones(37))
 
@@ -89,6 +92,7 @@ def test_label_weighted_consensus_ignores_a_teacher_for_classes_it_never_saw():
     x = images(4)
     a = 1.0 / (2.0 + torch.e**10)  # teacher 0's probability of classes 0 and 2
     raw = torch.tensor([(a + 2 / 3) / 3, 0.5 / 3 + 0.5 / 3, (a + 2 / 3) / 3])  # class 1: teachers 1, 2 only
+    # closed forms vs a softmax of constant logits: a few float32 roundings, the float32 defaults
     torch.testing.assert_close(consensus(ts, x, tau=1.0, class_weights=w), (raw / raw.sum()).expand(4, -1))
     # unweighted, teacher 0's confident vote for class 1 counts fully
     mean = torch.tensor([(a + 2 / 3) / 3, (1 - 2 * a + 2 / 3) / 3, (a + 2 / 3) / 3])
@@ -116,6 +120,7 @@ def test_a_teacher_with_no_example_of_y_has_zero_weight_on_samples_made_for_y():
     x, y = images(4), torch.tensor([2, 2, 2, 2])
     config = LabelConfig(rule="conditioned", mask=False, drop_mismatch=False)
     got = label_synthetic([loud, owner], x, y, counts, config=config, tau=1.0)
+    # weight 0 times the loud teacher plus weight 1 times the owner: the float32 defaults cover the roundings
     torch.testing.assert_close(got.targets, F.softmax(torch.tensor([1.0, 0.0, 3.0]), 0).expand(4, -1))
     # moving the non-owner's logits changes nothing on samples made for class 2
     other = label_synthetic([ConstantLogits([9.0, -9.0, 0.0]), owner], x, y, counts, config=config, tau=1.0)
@@ -148,6 +153,7 @@ def test_mask_restricts_each_teacher_to_its_classes_and_drop_mismatch_filters():
     x, y = images(2), torch.tensor([0, 1])
     masked = label_synthetic(ts, x, y, counts, config=LabelConfig(rule="mean", mask=True), tau=1.0)
     assert masked.targets[:, 2].eq(0).all()
+    # softmax with -inf: the same elementwise float32 ops, the float32 defaults
     torch.testing.assert_close(masked.targets[0], F.softmax(torch.tensor([2.0, 0.0, -torch.inf]), 0))
     assert masked.keep.tolist() == [True, False]  # the sample made for class 1 is labelled 0: dropped
     kept = label_synthetic(
@@ -162,6 +168,7 @@ def test_label_rules_reduce_to_consensus_on_real_style_rules():
     y = torch.zeros(9, dtype=torch.long)
     no = {"mask": False, "drop_mismatch": False}
     mean = label_synthetic(ts, x, y, counts, config=LabelConfig(rule="mean", **no), tau=2.0)
+    # two code paths over the same teachers' outputs: weighting order differs by ulps, the float32 defaults
     torch.testing.assert_close(mean.targets, consensus(ts, x, tau=2.0))
     lw = label_synthetic(ts, x, y, counts, config=LabelConfig(rule="label-weighted", **no), tau=2.0)
     torch.testing.assert_close(lw.targets, consensus(ts, x, tau=2.0, class_weights=class_shares(counts)))
@@ -214,6 +221,7 @@ def test_a_teacher_that_says_unknown_loses_its_vote_on_that_sample():
     # the ensemble of real images weighs it the same way; a plain teacher is untouched
     weights = class_shares(counts)
     real = consensus([abstaining, owner], x, tau=1.0, class_weights=weights)
+    # the same weighted mean of probabilities in another order: ulps of values below 1
     torch.testing.assert_close(real, got.targets, atol=1e-6, rtol=0)
     plain = consensus([owner, owner], x, tau=1.0)
     torch.testing.assert_close(plain, consensus([owner, owner], x, tau=1.0, abstain=False))
@@ -230,9 +238,10 @@ def test_a_sample_every_teacher_disowns_still_gets_a_target():
 
     teacher = Abstaining(Disowns(), L)
     own = teacher.split(images(2))[1]
+    # MIN_OWN is a clamp, so the value is exact
     assert own.dtype == torch.float64 and torch.equal(own, torch.full((2,), MIN_OWN, dtype=torch.float64))
     got = label_synthetic(
         [teacher, teacher], images(2), torch.tensor([0, 0]), [[5, 5, 5]] * 2, config=LabelConfig(), tau=1.0
     )
-    torch.testing.assert_close(got.targets.sum(1), torch.ones(2))
+    torch.testing.assert_close(got.targets.sum(1), torch.ones(2))  # normalised rows: ulps of 1
     assert got.keep.all()  # both teachers still call it class 0, each with the same tiny weight

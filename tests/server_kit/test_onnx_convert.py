@@ -141,6 +141,8 @@ def test_small_net_matches_onnxruntime_with_gradients_and_bn_hooks(small_net: nn
         handle.remove()
 
     expected = _ort(model_bytes, x.numpy())
+    # torch vs onnxruntime convolutions sum in different orders: ~1e-6 on O(1) logits; 1e-4 is the export's
+    # parity bound. BN statistics are copied initializers, hence exact.
     assert np.abs(out.detach().numpy() - expected).max() <= 1e-4
     assert len(bns) == 3 and len(seen) == 3 and all(not bn.training for bn in bns)
     original = [m for m in small_net.modules() if isinstance(m, nn.BatchNorm2d)]
@@ -162,6 +164,8 @@ def test_shape_ops_and_legacy_softmax_match_onnxruntime(opset: int) -> None:
     module = convert_onnx(model_bytes)
     x_other_batch = torch.rand(4, 3, 14, 14)  # the batch dimension is read at run time
     got = module(x_other_batch).detach().numpy()
+    # outputs are (log-)probabilities of magnitude ~1 after a 288-term dot product: float32 summation-order
+    # differences are a few 1e-7, so 1e-5 catches a wrong op yet not another kernel's rounding
     assert np.abs(got - _ort(model_bytes, x_other_batch.numpy())).max() <= 1e-5
 
 
@@ -199,6 +203,7 @@ def test_asymmetric_and_auto_pads_match_onnxruntime() -> None:
     expected = _ort(model_bytes, x)
     assert expected.shape == (2, 4, 4, 2)
     got = convert_onnx(model_bytes)(torch.from_numpy(x)).detach().numpy()
+    # values of a few units after 27- and 16-term sums: torch vs onnxruntime rounding is ~1e-6
     assert np.abs(got - expected).max() <= 1e-4
 
 
@@ -222,6 +227,7 @@ def test_opset_attribute_forms_of_clip_squeeze_and_reduce() -> None:
     for nodes, inits, opset in [(old, scalars, 11), (new, {**scalars, **axes}, 18)]:
         model_bytes = _graph(nodes, inits, ["N", 1, 3, 4], 3, opset)
         got = convert_onnx(model_bytes)(torch.from_numpy(x)).numpy()
+        # a clip and a 4-term mean of values below 1: a few ulps (~1e-7) whatever the summation order
         np.testing.assert_allclose(got, _ort(model_bytes, x), atol=1e-6)
         np.testing.assert_allclose(got, np.clip(x, -0.5, 0.7)[:, 0].mean(-1)[None], atol=1e-6)
 
@@ -269,7 +275,7 @@ def test_converted_module_copies_and_pickles(small_net: nn.Module) -> None:
     want = module(x)
     for clone in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
         assert isinstance(clone, OnnxModule)
-        assert torch.equal(clone(x), want)
+        assert torch.equal(clone(x), want)  # the same module and input on the same kernels: bitwise
     assert set(module.state_dict()) == set(copy.deepcopy(module).state_dict())
 
 

@@ -51,6 +51,8 @@ def test_parallel_inversion_and_vote_equal_the_serial_ones(two_threads: None) ->
     votes = consensus(teachers, parallel.x, tau=2.0)
     torch.set_num_threads(1)
     serial = synthesize_inversion(teachers, num_classes=L, input_shape=SHAPE, config=cfg, seed=4)
+    # bitwise: each teacher's worker runs on one op thread, as the serial run does, so every reduction
+    # happens in the same order on any CPU; only the teachers overlap
     assert torch.equal(parallel.x, serial.x) and torch.equal(parallel.teacher, serial.teacher)
     assert torch.equal(parallel.target_class, serial.target_class)
     assert torch.equal(votes, consensus(teachers, serial.x, tau=2.0))

@@ -53,7 +53,7 @@ def test_label_phase_uses_the_rule_and_the_trusted_counts(tmp_path, fed):
     synthesis = synthesize(fed, config, tmp_path)
     labels = label(fed, synthesis, config)
     assert labels.targets.shape == (36, L) and labels.keep.all()
-    torch.testing.assert_close(labels.targets.sum(1), torch.ones(36))
+    torch.testing.assert_close(labels.targets.sum(1), torch.ones(36))  # normalised rows: ulps of 1
     # class 1 is held by teachers 1 and 2 only: masked, teacher 0 never puts mass on it
     no_class_1 = dataclasses.replace(synthesis, label_counts=[[10, 0, 5], [3, 0, 0], [4, 0, 4]])
     assert label(fed, no_class_1, config).targets[:, 1].eq(0).all()
@@ -72,7 +72,7 @@ def test_constructed_samples_keep_their_class_and_the_vote_still_drops_them(tmp_
     voted = label(fed, synthesis, config)
     one_hot = dataclasses.replace(config, construction_labels=("decoder",), construction_weight=1.0)
     built = label(fed, as_decoded, one_hot)
-    assert torch.equal(
+    assert torch.equal(  # weight 1 on a one-hot target and 0 on the vote: exact in IEEE arithmetic
         built.targets, torch.nn.functional.one_hot(synthesis.synthetic.target_class, L).float()
     )
     assert torch.equal(built.keep, voted.keep)  # drop_mismatch: the same samples go
@@ -80,6 +80,7 @@ def test_constructed_samples_keep_their_class_and_the_vote_still_drops_them(tmp_
         voted.keep.sum()
     )
     blend = label(fed, as_decoded, dataclasses.replace(one_hot, construction_weight=0.25))
+    # the same two float32 products and a sum: the float32 defaults
     torch.testing.assert_close(blend.targets, 0.25 * built.targets + 0.75 * voted.targets)
     kept_all = dataclasses.replace(one_hot, labels=LabelConfig(drop_mismatch=False))
     assert label(fed, as_decoded, kept_all).keep.all()

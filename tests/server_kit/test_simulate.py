@@ -102,7 +102,9 @@ def test_results_json_holds_every_field_of_the_simulate_result(federation):
 
 def test_global_accuracy_is_well_above_chance(federation):
     _, results = federation
-    assert results["global_accuracy"] > 0.5  # chance is 0.1 on ten digit classes
+    # chance is 0.1 on ten digit classes; the bound is a wide margin under what the run reaches, so the
+    # rounding of another instruction set (which moves it by a few test images) cannot cross it
+    assert results["global_accuracy"] > 0.5
 
 
 def test_every_deployable_model_names_the_digits(federation):
@@ -123,7 +125,7 @@ def test_rerun_resumes_finished_clients(federation):
     again = json.loads((out / "results.json").read_text())
     assert again["resumed_clients"] == 3
     assert {p.name: p.read_bytes() for p in (out / "clients").glob("*.bundle")} == before
-    assert again["global_accuracy"] == pytest.approx(results["global_accuracy"])
+    assert again["global_accuracy"] == pytest.approx(results["global_accuracy"])  # same bundles, same path
 
 
 def test_classifier_devices_upload_a_decoder_and_a_resume_checks_the_settings(federation, tmp_path):

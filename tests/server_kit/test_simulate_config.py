@@ -189,7 +189,8 @@ def test_a_run_replays_from_its_results_json(tmp_path):
     assert main(["simulate", "--config", results, "--out", str(tmp_path / "replay")]) == 0
     again = json.loads((tmp_path / "replay" / "results.json").read_text(encoding="utf-8"))
     assert again["resumed_clients"] == 0  # a fresh directory: every client trained again
-    assert again["global_accuracy"] == first["global_accuracy"] > 0.2  # chance is 0.1
+    # the replay runs the same seeded path on the same CPU: equal; chance is 0.1, so 0.2 is a loose floor
+    assert again["global_accuracy"] == first["global_accuracy"] > 0.2
     assert [c["arch"] for c in again["clients"]] == [c["arch"] for c in first["clients"]]
     assert [c["test_accuracy"] for c in again["clients"]] == [c["test_accuracy"] for c in first["clients"]]
     assert again["config"] == first["config"] | {"out_dir": str(tmp_path / "replay")}

@@ -56,7 +56,8 @@ def test_a_colour_folder_federates_end_to_end(federation):
         meta = read_deploy(model)
         assert meta is not None and meta.class_names == names and meta.input_spec.shape == (3, 8, 8)
     # one colour per class: learnt from each client's share of the classes (chance is 1/3), and the global
-    # model, distilled from the clients without their images, tells the three colours apart too
+    # model, distilled from the clients without their images, tells the three colours apart too; the
+    # colours are far apart, so these floors hold whatever the kernels' rounding
     assert results["mean_client_test_accuracy"] > 0.6 and results["global_accuracy"] > 0.5
 
 

@@ -84,7 +84,7 @@ def test_rebuilt_teacher_equals_original_and_matches_onnxruntime(model: nn.Modul
     assert set(rebuilt.state_dict()) == set(original)
     for key, value in rebuilt.state_dict().items():
         if not key.endswith("num_batches_tracked"):
-            assert torch.equal(value, original[key]), key
+            assert torch.equal(value, original[key]), key  # weights are copied bytes: no arithmetic
 
     teacher = load_teacher(bundle, path="clients/alice.bundle")
     assert teacher.method == "rebuilt" and teacher.name == "alice"
@@ -93,6 +93,8 @@ def test_rebuilt_teacher_equals_original_and_matches_onnxruntime(model: nn.Modul
     x = torch.rand(6, *SHAPE, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         got = teacher.module(x).numpy()
+    # torch and onnxruntime sum in different orders: O(1) float32 logits after a few hundred MACs each
+    # differ by ~1e-6; 1e-4 is the export's own parity bound (check_parity's atol), kernel-independent.
     assert np.abs(got - _ort_logits(bundle, x)).max() <= 1e-4
     assert len(batchnorm_layers(teacher.module)) == 2  # one per C module
 
@@ -119,7 +121,7 @@ def test_gradients_reach_the_input_through_ce_and_bn_losses(bundle: Bundle) -> N
 def test_classifier_weight_is_num_classes_by_features(model: nn.Module, bundle: Bundle) -> None:
     weight = classifier_weight(load_teacher(bundle).module)
     assert weight.shape == (10, 32)
-    assert torch.equal(weight, model.head.weight)
+    assert torch.equal(weight, model.head.weight)  # both paths copy the initializer: exact
     converted = load_teacher(dataclasses.replace(bundle, arch="foreign-net")).module
     assert torch.equal(classifier_weight(converted), model.head.weight)
     with pytest.raises(TeacherError, match=r"no final nn\.Linear"):
@@ -137,7 +139,7 @@ def test_unknown_or_mismatched_arch_falls_back_to_the_converter(model: nn.Module
         teacher = load_teacher(variant)
         assert teacher.method == "converted" and isinstance(teacher.module, OnnxModule)
         assert len(batchnorm_layers(teacher.module)) == 2
-        with torch.no_grad():
+        with torch.no_grad():  # torch vs onnxruntime summation order: the export's parity bound
             assert np.abs(teacher.module(x).numpy() - _ort_logits(bundle, x)).max() <= 1e-4
 
 
@@ -155,7 +157,7 @@ def test_parity_failure_names_the_file_and_the_difference(
     with pytest.raises(TeacherError, match=r"bob\.bundle: .*max abs diff 1 > 0\.0001"):
         load_teacher(bundle, path="bob.bundle")
     unchecked = load_teacher(bundle, check_parity=False).module
-    assert torch.equal(unchecked.head.bias, model.head.bias + 1.0)
+    assert torch.equal(unchecked.head.bias, model.head.bias + 1.0)  # the same one addition on both sides
 
 
 def _write(tmp_path: Path, name: str, bundle: Bundle) -> Path:
@@ -258,6 +260,8 @@ def test_batch_statistics_gap_matches_autograd_through_mean_and_var(dtype: torch
     got.backward()
     want.backward()
     assert got.dtype == torch.float32
+    # Both sides reduce the same float32 values (bf16 inputs are upcast first) over 294 elements per
+    # channel in possibly different orders: ~1e-6 relative, so 1e-5 leaves a tenfold margin.
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     tol = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 gradients: three significant digits
     torch.testing.assert_close(x.grad.float(), ref.grad, rtol=tol, atol=tol * ref.grad.abs().max().item())
