@@ -78,29 +78,18 @@ class SearchConfig:
     preset; ``preset("paper")`` is pFedZKD section 4.1.2.
 
     Attributes:
-<<<<<<< HEAD
         epochs: epochs each candidate architecture trains for its fitness (the search's short training).
         final_epochs: epochs the client trains the chosen architecture for after the search.
         lr: Adam learning rate of the candidates' and the final training.
         batch_size: batch size of the candidates' and the final training (and of the memory estimate).
         max_train_samples: train each candidate on a seeded random subset this large (none: the whole
             split); a speed knob, fitness is still measured on the whole validation split.
-=======
-        epochs: training epochs per candidate (fitness evaluation).
-        final_epochs: epochs the client trains the winner for afterwards (read by the client).
-        lr, batch_size: Adam settings of candidate and final training (also the batch of the memory
-            estimate).
-        max_train_samples: train each candidate on a seeded random subset this large (None = the whole
-            split). A speed knob: fitness is still measured on the whole validation split. The fast
-            default of 2000 keeps a 6,000-image MNIST client's search to a few minutes on 2 CPU cores.
-        plateau_patience: the final training stops once its validation loss (measured after every
-            epoch) has not fallen by more than ``plateau_min_delta`` of its best for this many epochs
-            (:func:`edge_sdk.halving.plateaued`): the epochs after the curve flattened buy the device
-            nothing. ``final_epochs`` stays the most it trains; 0 trains every epoch (``paper``).
+        plateau_patience: the final training stops once its validation loss, measured after every
+            epoch, has not fallen by more than the minimum improvement for this many epochs: epochs
+            after the curve flattened buy the device nothing. 0 trains every final epoch.
         plateau_min_epochs: the fewest epochs of final training before the plateau rule may stop it.
         plateau_min_delta: the fall of the validation loss, as a share of its best so far, that still
             counts as progress for the plateau rule.
->>>>>>> speed
     """
 
     strategy: ClassVar[str]
