@@ -29,9 +29,8 @@ from export.onnx_export import INPUT_NAME, onnx_session, read_metadata, validate
 
 __all__ = ["DEFAULT_SCHEME", "QUANTIZATION_KEY", "SCHEMES", "QuantScheme", "latency_ms", "quantize_int8"]
 
-QUANTIZATION_KEY = (
-    "quantization"  # metadata_props entry saying how, and for which CPUs, a model was quantized
-)
+# the metadata_props entry saying how, and for which CPUs, a model was quantized
+QUANTIZATION_KEY = "quantization"
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ SCHEMES: dict[str, QuantScheme] = {
     "u8s8": QuantScheme("uint8", "int8", False, "x86-64 with VNNI, ARM64"),
     # 7-bit s8 weights: no pair sum can saturate, the same integers on every CPU class
     "u8s7": QuantScheme("uint8", "int8", True, "x86-64 with or without VNNI, ARM64"),
-    # u8 weights: onnxruntime widens to 16 bits before multiplying (no saturation, slower on x86-64)
+    # asymmetric u8 weights: onnxruntime widens both operands to 16 bits first, so nothing saturates
     "u8u8": QuantScheme("uint8", "uint8", False, "x86-64 with or without VNNI, ARM64"),
 }
 DEFAULT_SCHEME = "u8s7"
