@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
 import math
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -50,6 +52,7 @@ from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle
 from export.onnx_export import export_onnx
 from server_kit.adversarial import AdversarialConfig, adversarial_distill
+from server_kit.budget import Costs, measure_costs, run_guarded, server_phases
 from server_kit.decoders import check_temperature, filter_by_centroid, load_decoder, sample_decoders
 from server_kit.distill import DistillConfig, distill
 from server_kit.evaluate import evaluate_onnx
@@ -97,6 +100,7 @@ _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
 SYNTH_SOURCES = ("inversion", "generator", "decoder")
 WORK_DIRS = ("synthetic", "generator")  # the folders the sources write into under the output folder
 TOP_UP_STREAM = 1  # derive_seed stream of top_up's decoder draws (the first draw uses the seed itself)
+log = logging.getLogger(__name__)
 SYNTHETIC_FILE = "synthetic.npz"  # the distillation set, kept for personalization (server-kit personalize)
 
 
@@ -814,23 +818,43 @@ def _run(
             )
 
     out.mkdir(parents=True, exist_ok=True)  # once the uploads are read: a bad one leaves no directory
-    synthesis = synthesize(fed, config, out, progress=progress)
-    seconds.update(synthesis.seconds)
-    with timed(seconds, "labels"):
-        labels = label(fed, synthesis, config)
-        synthesis, labels = top_up(fed, synthesis, labels, config)
-        synthetic = synthesis.synthetic
-        save_synthetic(out / SYNTHETIC_FILE, synthetic)
-        agreement = {
-            # how often the labels name the class a sample was made for ...
-            "target_class": float((labels.targets.argmax(1) == synthetic.target_class).float().mean()),
-            # ... and how often they agree with the teacher that made the image (does the image transfer?)
-            "generating_teacher": _generator_agreement(
-                fed.modules, synthetic, labels.targets.argmax(1), device, config.precision
-            ),
-        }
+    with timed(seconds, "budget"):  # every teacher's cost at the batch of each phase this run uses
+        teachers, costs = _within_budget(teachers, fed, config, skipped)
+        fed = Federation.from_teachers(teachers, device, fed.decoders)
 
-    training = train_global(fed, synthesis, labels, config, teachers=teachers, progress=progress)
+    def phases(kept: list[int]) -> tuple[Any, ...]:
+        team = [teachers[i] for i in kept]
+        fed = Federation.from_teachers(team, device, decoder_bundles)
+        synthesis = synthesize(fed, config, out, progress=progress)
+        seconds.update(synthesis.seconds)
+        with timed(seconds, "labels"):
+            labels = label(fed, synthesis, config)
+            synthesis, labels = top_up(fed, synthesis, labels, config)
+            synthetic = synthesis.synthetic
+            save_synthetic(out / SYNTHETIC_FILE, synthetic)
+            agreement = {
+                # how often the labels name the class a sample was made for ...
+                "target_class": float((labels.targets.argmax(1) == synthetic.target_class).float().mean()),
+                # ... and how often they agree with the teacher that made the image (does the image
+                # transfer?)
+                "generating_teacher": _generator_agreement(
+                    fed.modules, synthetic, labels.targets.argmax(1), device, config.precision
+                ),
+            }
+        training = train_global(fed, synthesis, labels, config, teachers=team, progress=progress)
+        return team, fed, synthesis, labels, synthetic, agreement, training
+
+    # a teacher too slow or non-finite while the phases run is dropped and the phases rerun without it
+    candidates = teachers
+    (teachers, fed, synthesis, labels, synthetic, agreement, training), dropped = run_guarded(
+        phases,
+        fed.modules,
+        costs.per_sample_seconds,
+        on_error=config.on_error,
+        labels=[str(t.path) for t in teachers],
+        restart=lambda: _clear_work_dirs(out),
+    )
+    skipped += [(str(candidates[i].path), reason) for i, reason in dropped]
     seconds.update(training.seconds)
 
     with timed(seconds, "export"):
@@ -878,6 +902,7 @@ def _run(
             for t in teachers
         ],
         "skipped": [{"file": path, "reason": reason} for path, reason in skipped],
+        "budget": costs.report() | {"dropped_while_running": [str(candidates[i].path) for i, _ in dropped]},
         "synthetic_size": len(synthetic),
         "generator_loss": [],
         "decoders": None,
@@ -913,6 +938,43 @@ def _run(
         seconds=seconds,
         report=report,
     )
+
+
+def _within_budget(
+    teachers: list[Teacher], fed: Federation, config: AggregateConfig, skipped: list[tuple[str, str]]
+) -> tuple[list[Teacher], Costs]:
+    """The teachers whose cost at each phase's batch is within the budget the others set
+    (:mod:`server_kit.budget`); one over it stops the run or is skipped with its reason (``on_error``)."""
+    sources = config.sources(bool(fed.decoders))
+    phases = server_phases(
+        inversion=config.inversion.batch_size if "inversion" in sources else None,
+        generator=config.generator.batch_size if "generator" in sources else None,
+        distillation=config.distill.batch_size if config.adversarial is not None else None,
+    )
+    costs = measure_costs(
+        fed.modules, phases, fed.input_shape, seed=config.seed, device=fed.device, precision=config.precision
+    )
+    for i, reason in sorted(costs.dropped.items()):
+        message = f"{teachers[i].path}: {reason}"
+        if config.on_error == "stop":
+            raise TeacherError(message)
+        log.warning("dropped teacher %s", message)
+        skipped.append((str(teachers[i].path), reason))
+    kept = [i for i in range(len(teachers)) if i not in costs.dropped]
+    if not kept:
+        raise TeacherError(f"no usable teacher is left: {'; '.join(costs.dropped.values())}")
+    per_sample = [costs.per_sample_seconds[i] for i in kept]
+    return [teachers[i] for i in kept], replace(costs, per_sample_seconds=per_sample)
+
+
+def _clear_work_dirs(out: Path) -> None:
+    """Remove the work folders a failed attempt wrote (their chunks were made with a teacher now dropped;
+    checked real folders, so no link is followed)."""
+    for name in WORK_DIRS:
+        path = out / name
+        check_real_dir(path)
+        if path.is_dir():
+            shutil.rmtree(path)
 
 
 def _usable(
