@@ -37,6 +37,7 @@ from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.checks import check_int, is_number
 from common.errors import ConfigError, TeacherError
@@ -134,11 +135,28 @@ def _median(values: Sequence[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+class _Largest(TorchDispatchMode):
+    """The bytes of the largest tensor any op makes (a transient peak autograd does not keep)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, Tensor):
+                self.largest = max(self.largest, t.numel() * t.element_size())
+        return out
+
+
 def _step(
-    module: nn.Module, x: Tensor, backward: bool, precision: str, device: torch.device
+    module: nn.Module, x: Tensor, backward: bool, precision: str, device: torch.device, *, count: bool
 ) -> tuple[float, int]:
-    """(seconds, bytes autograd keeps) of one step of ``module`` on ``x``: forward, and backward to the
-    input when ``backward``. Shared storage (one weight used by many layers) is counted once."""
+    """(seconds, bytes) of one step of ``module`` on ``x``: forward, and backward to the input when
+    ``backward``. Bytes (with ``count``; 0 otherwise, and the step is timed without the op hooks): what
+    autograd keeps for the backward pass (shared storage, one weight used by many layers, counted once)
+    plus the largest tensor any op makes."""
     seen: set[tuple[int, int]] = set()
     kept = 0
 
@@ -151,13 +169,14 @@ def _step(
         return t
 
     x = x.to(device).requires_grad_(True)
+    largest = _Largest() if count else contextlib.nullcontext()
     start = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(precision, device):
+    with largest, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(precision, device):
         out = module(x)
-    if backward:
-        out.float().sum().backward()
+        if backward:
+            out.float().sum().backward()
     seconds = time.perf_counter() - start
-    return seconds, kept + out.numel() * out.element_size()
+    return seconds, (kept + largest.largest if isinstance(largest, _Largest) else 0)
 
 
 def _sizes(batch: int) -> list[int]:
@@ -212,13 +231,14 @@ def measure_costs(
             alive = [i for i in range(k) if i not in dropped]
             x = torch.rand((size, *input_shape), generator=gen)
             for i in alive:
-                with torch.enable_grad():
+                with torch.enable_grad():  # bytes counted on one run, the time of the fastest other run
+                    counted = _step(modules[i], x, phase.backward, precision, dev, count=True)[1]
                     runs = [
-                        _step(modules[i], x, phase.backward, precision, dev)
+                        _step(modules[i], x, phase.backward, precision, dev, count=False)[0]
                         for _ in range(2 if size < 8 else 1)
                     ]
-                times[i].append((size, min(r[0] for r in runs)))
-                sizes_bytes[i].append((size, float(runs[0][1])))
+                times[i].append((size, min(runs)))
+                sizes_bytes[i].append((size, float(counted)))
             for i in alive:
                 reason = _over(phase, size, times, sizes_bytes, alive, config, i, predicted=False)
                 if reason:
