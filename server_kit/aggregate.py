@@ -52,7 +52,8 @@ from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle
 from export.onnx_export import export_onnx
 from server_kit.adversarial import AdversarialConfig, adversarial_distill
-from server_kit.budget import Costs, measure_costs, run_guarded, server_phases
+from server_kit.budget import BudgetConfig, Costs, measure_costs, run_guarded, server_phases
+from server_kit.decoder_trust import verify_decoders
 from server_kit.decoders import check_temperature, filter_by_centroid, load_decoder, sample_decoders
 from server_kit.distill import DistillConfig, distill
 from server_kit.evaluate import evaluate_onnx
@@ -64,7 +65,7 @@ from server_kit.inversion import InversionConfig, SyntheticSet, synthesize_inver
 from server_kit.labels import LabelConfig, Labels, label_synthetic
 from server_kit.parallel import teacher_workers
 from server_kit.teachers import Teacher, Uploads, declared_class_names, read_uploads, teachers_from_bundles
-from server_kit.trust import verify_claims, verify_decoders
+from server_kit.trust import verify_claims
 
 __all__ = [
     "DEFAULT_STUDENT",
@@ -179,6 +180,9 @@ class AggregateConfig:
     fedavg_init: bool = True
     hard_labels: bool = False  # ablation 'w/o ZSKD': train on the generating teacher's hard labels
     on_error: Literal["stop", "skip"] = "stop"  # a bad bundle stops the run, or is skipped with its reason
+    # what a teacher may cost at the batch of each phase, relative to the median teacher; one over it, or
+    # non-finite while the phases run, stops the run or is dropped (on_error)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
     threads: int | None = None  # torch threads; none: the cores free at the start
     # auto, fp32 or bf16: the teachers' forward passes in inversion, the generator, the vote and the claim
     # checks, and the student's in distillation, run in bfloat16 autocast where the hardware has it
@@ -274,6 +278,8 @@ class AggregateConfig:
                 "adversarial distillation refines a consensus-distilled student: drop "
                 "hard_labels / fusion, or set adversarial=None"
             )
+        if not isinstance(self.budget, BudgetConfig):
+            raise ConfigError(f"budget must be a BudgetConfig, got {type(self.budget).__name__}")
         if not isinstance(self.labels, LabelConfig):
             raise ConfigError(f"labels must be a LabelConfig, got {type(self.labels).__name__}")
         if not isinstance(self.hard_labels, bool):
@@ -852,6 +858,7 @@ def _run(
         costs.per_sample_seconds,
         on_error=config.on_error,
         labels=[str(t.path) for t in teachers],
+        call_seconds=config.budget.call_seconds,
         restart=lambda: _clear_work_dirs(out),
     )
     skipped += [(str(candidates[i].path), reason) for i, reason in dropped]
@@ -952,7 +959,13 @@ def _within_budget(
         distillation=config.distill.batch_size if config.adversarial is not None else None,
     )
     costs = measure_costs(
-        fed.modules, phases, fed.input_shape, seed=config.seed, device=fed.device, precision=config.precision
+        fed.modules,
+        phases,
+        fed.input_shape,
+        config=config.budget,
+        seed=config.seed,
+        device=fed.device,
+        precision=config.precision,
     )
     for i, reason in sorted(costs.dropped.items()):
         message = f"{teachers[i].path}: {reason}"

@@ -43,6 +43,7 @@ from common.checks import check_int, is_number
 from common.errors import ConfigError, TeacherError
 from edge_sdk.precision import autocast
 from server_kit.abstain import Abstaining
+from server_kit.trust import median
 
 __all__ = [
     "BudgetConfig",
@@ -65,7 +66,9 @@ class BudgetConfig:
     """How far a teacher may exceed the median teacher before it is dropped; see the module docstring."""
 
     factor: float = 20.0  # times the median teacher's cost, in seconds and in bytes, per phase
-    min_seconds: float = 0.05  # per step at the phase's batch: no teacher is dropped for time below it
+    # per step at the phase's batch: no teacher is dropped for time below it (a second's step costs minutes
+    # over a phase's steps, not hours; timer noise and a shared core's pauses stay far below it)
+    min_seconds: float = 0.5
     min_bytes: int = 64 * 2**20  # kept for backward at the phase's batch: none dropped for memory below it
     call_seconds: float = 1.0  # the guard's floor for one forward pass while the phases run
 
@@ -129,12 +132,6 @@ class TeacherDropped(TeacherError):
         self.reason = reason
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 class _Largest(TorchDispatchMode):
     """The bytes of the largest tensor any op makes (a transient peak autograd does not keep)."""
 
@@ -154,9 +151,9 @@ def _step(
     module: nn.Module, x: Tensor, backward: bool, precision: str, device: torch.device, *, count: bool
 ) -> tuple[float, int]:
     """(seconds, bytes) of one step of ``module`` on ``x``: forward, and backward to the input when
-    ``backward``. Bytes (with ``count``; 0 otherwise, and the step is timed without the op hooks): what
-    autograd keeps for the backward pass (shared storage, one weight used by many layers, counted once)
-    plus the largest tensor any op makes."""
+    ``backward`` (without gradients otherwise). Bytes (with ``count``; 0 otherwise, and the step is timed
+    without the op hooks): what autograd keeps for the backward pass (shared storage, one weight used by
+    many layers, counted once) plus the largest tensor any op makes."""
     seen: set[tuple[int, int]] = set()
     kept = 0
 
@@ -168,10 +165,15 @@ def _step(
             kept += key[1]
         return t
 
-    x = x.to(device).requires_grad_(True)
+    x = x.to(device).requires_grad_(backward)
     largest = _Largest() if count else contextlib.nullcontext()
     start = time.perf_counter()
-    with largest, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(precision, device):
+    with (
+        torch.set_grad_enabled(backward),
+        largest,
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        autocast(precision, device),
+    ):
         out = module(x)
         if backward:
             out.float().sum().backward()
@@ -231,12 +233,11 @@ def measure_costs(
             alive = [i for i in range(k) if i not in dropped]
             x = torch.rand((size, *input_shape), generator=gen)
             for i in alive:
-                with torch.enable_grad():  # bytes counted on one run, the time of the fastest other run
-                    counted = _step(modules[i], x, phase.backward, precision, dev, count=True)[1]
-                    runs = [
-                        _step(modules[i], x, phase.backward, precision, dev, count=False)[0]
-                        for _ in range(2 if size < 8 else 1)
-                    ]
+                # bytes counted on one run; the time is the faster of two (a shared core's pause is no cost)
+                counted = _step(modules[i], x, phase.backward, precision, dev, count=True)[1]
+                runs = [
+                    _step(modules[i], x, phase.backward, precision, dev, count=False)[0] for _ in range(2)
+                ]
                 times[i].append((size, min(runs)))
                 sizes_bytes[i].append((size, float(counted)))
             for i in alive:
@@ -256,7 +257,7 @@ def measure_costs(
 
 
 def _limit(values: Sequence[float], factor: float, floor: float) -> float:
-    return max(floor, factor * _median(values)) if values else floor
+    return max(floor, factor * median(values)) if values else floor
 
 
 def _over(

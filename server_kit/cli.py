@@ -40,6 +40,7 @@ SERVER_GROUPS = {
     "distill": "server: distillation",
     "adversarial": "server: adversarial rounds",
     "fusion": "server: FedMHO fusion",
+    "budget": "server: teachers' cost budget",
 }
 # the server's options --help lists; every other one is for experts (--help-all)
 SERVER_COMMON = ("student", "device", "seed", "synth", "threads", "on_error", "distill.epochs")

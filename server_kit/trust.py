@@ -17,12 +17,8 @@ with one claimant cannot be checked and is kept as claimed; a rejected claim's c
 teacher whose rejected claims hold more than half of the examples it claims loses all its claims (a
 liar that passes on a class where the honest holders agree little with each other is still caught).
 
-Decoders (:func:`verify_decoders`) are checked the same way, against the teachers instead of each other:
-decoder d's claim on class c is scored by the fraction of a probe of its samples for c that the teachers'
-label-weighted vote (on the counts that passed :func:`verify_claims`) calls c, and kept when the score is
-at least ``keep_ratio`` times the median score of the decoders claiming c. A decoder trained on wrong labels
-draws another class when asked for c and is dropped before it gets any of the sampling budget, which its
-claimed counts would otherwise decide.
+Decoders are checked against the teachers instead of each other (:mod:`server_kit.decoder_trust`), with
+the same decision rule (:func:`decide_claims`).
 """
 
 from __future__ import annotations
@@ -36,10 +32,10 @@ from torch import nn
 
 from common.errors import ConfigError
 from server_kit.inversion import SyntheticSet
-from server_kit.labels import class_shares, consensus, teacher_probs
+from server_kit.labels import teacher_probs
 from server_kit.parallel import map_teachers
 
-__all__ = ["ClaimCheck", "verify_claims", "verify_decoders"]
+__all__ = ["ClaimCheck", "decide_claims", "median", "verify_claims"]
 
 
 @dataclass(frozen=True)
@@ -113,19 +109,19 @@ def verify_claims(
                 for j in claimants
                 if j != i and (i, j) in agree and (j, i) in agree
             ]
-            scores[i][c] = _median(pairs) if pairs else None
+            scores[i][c] = median(pairs) if pairs else None
         scored = [scores[i][c] for i in claimants if scores[i][c] is not None]
         if len(scored) < 2:
             continue
-        bar = keep_ratio * _median(scored)
+        bar = keep_ratio * median(scored)
         for i in claimants:
             score = scores[i][c]
             if score is not None and score < bar:
                 rejected.append((i, c))
-    return _decide(counts, scores, rejected)
+    return decide_claims(counts, scores, rejected)
 
 
-def _decide(
+def decide_claims(
     counts: list[list[int]], scores: list[list[float | None]], rejected: list[tuple[int, int]]
 ) -> ClaimCheck:
     """Apply the rejections; an upload whose rejected claims hold most of the examples it claims is not
@@ -140,64 +136,6 @@ def _decide(
     return ClaimCheck(label_counts=verified, scores=scores, rejected=sorted(rejected))
 
 
-@torch.no_grad()
-def verify_decoders(
-    modules: Sequence[nn.Module],
-    label_counts: Sequence[Sequence[int]],
-    decoders: Sequence[nn.Module],
-    decoder_counts: Sequence[Sequence[int]],
-    *,
-    probe: int = 32,
-    keep_ratio: float = 0.5,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    precision: str = "auto",
-) -> ClaimCheck:
-    """Score every decoder claim (decoder d has examples of class c) on ``probe`` of its samples for c by
-    the teachers' label-weighted vote (``label_counts``: the verified classifier counts); see above.
-
-    ``decoders`` map (z, one-hot y) to images and have a ``latent_dim``; z is drawn from ``seed``.
-    """
-    if not 0 < keep_ratio <= 1 or not math.isfinite(keep_ratio):
-        raise ConfigError(f"keep_ratio must be in (0, 1], got {keep_ratio!r}")
-    if isinstance(probe, bool) or not isinstance(probe, int) or probe < 1:
-        raise ConfigError(f"probe must be an integer >= 1, got {probe!r}")
-    counts = [list(map(int, row)) for row in decoder_counts]
-    if len(counts) != len(decoders):
-        raise ConfigError(f"decoder_counts has {len(counts)} rows for {len(decoders)} decoders")
-    shares = class_shares(label_counts).double()  # K x L
-    num_classes = shares.shape[1]
-    generator = torch.Generator().manual_seed(seed)
-    scores: list[list[float | None]] = [[None] * num_classes for _ in counts]
-    for d, decoder in enumerate(decoders):
-        claimed = [c for c in range(num_classes) if counts[d][c] > 0]
-        if not claimed:
-            continue
-        y = torch.tensor(claimed).repeat_interleave(probe)
-        z = torch.randn((len(y), int(decoder.latent_dim)), generator=generator)
-        onehot = torch.nn.functional.one_hot(y, num_classes).float()
-        param = next(iter(decoder.parameters()), None)
-        dev = param.device if param is not None else torch.device("cpu")
-        was_training = decoder.training
-        decoder.eval()
-        x = decoder(z.to(dev), onehot.to(dev)).float().clamp(0, 1).cpu()
-        decoder.train(was_training)
-        vote = consensus(  # label-weighted
-            modules, x, tau=1.0, class_weights=shares, device=device, precision=precision
-        )
-        says = vote.argmax(1) == y
-        for c in claimed:
-            scores[d][c] = float(says[y == c].double().mean())
-    rejected: list[tuple[int, int]] = []
-    for c in range(num_classes):
-        scored = [(d, scores[d][c]) for d in range(len(counts)) if scores[d][c] is not None]
-        if len(scored) < 2:
-            continue
-        bar = keep_ratio * _median([score for _, score in scored])  # type: ignore[misc]
-        rejected += [(d, c) for d, score in scored if score < bar]  # type: ignore[operator]
-    return _decide(counts, scores, rejected)
-
-
-def _median(values: Sequence[float]) -> float:
+def median(values: Sequence[float]) -> float:
     """The median, the mean of the two middle values for an even count (torch.median takes the lower)."""
     return float(torch.tensor(values, dtype=torch.float64).quantile(0.5))

@@ -94,7 +94,7 @@ def honest(digits) -> list[nn.Module]:
 def test_a_slow_teacher_and_one_ruinous_at_the_batch_are_dropped_the_honest_kept(honest):
     modules = [*honest, SharedConvs(), Pairwise()]
     phases = (Phase("inversion", 64, True), Phase("vote", 512, False))
-    costs = measure_costs(modules, phases, SHAPE, seed=0)
+    costs = measure_costs(modules, phases, SHAPE, config=BudgetConfig(min_seconds=0.05), seed=0)
     assert sorted(costs.dropped) == [3, 4], costs.dropped
     assert "inversion step" in costs.dropped[3]  # its first phase: in seconds or in bytes kept for backward
     assert "vote step" in costs.dropped[4]  # it passed the inversion phase at batch 64: it is the batch
@@ -192,6 +192,7 @@ def test_a_round_drops_a_slow_and_a_nan_teacher_names_them_and_finishes(tmp_path
         inversion=InversionConfig(samples_per_teacher=20, steps=3, batch_size=10, lr=0.1, tau=2.0),
         distill=DistillConfig(epochs=1, batch_size=16),
         on_error=mode,
+        budget=BudgetConfig(min_seconds=0.05),
     )
     if mode == "stop":
         with pytest.raises(TeacherError, match=r"client_3\.bundle: would take .* per (vote|inversion) step"):
