@@ -9,7 +9,13 @@ Modes, both on the client's own images (``RUN/data/client_KK.npz``), trained lik
 * ``random``: every label replaced by a uniformly random class; the bundle reports the counts of the labels
   it trained on (honest about counts, useless as a teacher).
 * ``shift``: every label y replaced by (y + 1) mod L, and the bundle claims ``--claim`` examples of every
-  class (5,000 by default): a liar whose counts would own every class under label-share weighting.
+  class (5,000 by default): a liar whose counts would own every class under label-share weighting. Its
+  decoder draws class y - 1 when asked for y.
+* ``flip``: every label y replaced by L - 1 - y (a flipped teacher).
+
+``--counts trained`` makes any mode claim the counts of the labels it trained on (honest-looking counts,
+the default of ``random`` and ``flip``); ``--counts claim`` claims ``--claim`` of every class (the default
+of ``shift``). Colluding devices upload one such bundle under several names (``benchmarks/poisoning.sh``).
 
 ``--kind decoder`` trains the device's default CVAE (``edge_sdk.cvae.CVAEConfig``) on the same wrong labels
 and writes its ``cvae_decoder`` bundle with the same counts, as a hostile client of the ``both`` role
@@ -44,7 +50,10 @@ def main() -> None:
     )
     parser.add_argument("run", help="a simulate output directory (its data/client_KK.npz is used)")
     parser.add_argument("--client", type=int, required=True)
-    parser.add_argument("--mode", choices=["random", "shift"], required=True)
+    parser.add_argument("--mode", choices=["random", "shift", "flip"], required=True)
+    parser.add_argument(
+        "--counts", choices=["trained", "claim"], help="default: claim for shift, else trained"
+    )
     parser.add_argument("--kind", choices=["classifier", "decoder"], default="classifier")
     parser.add_argument("--claim", type=int, default=5000, help="claimed examples per class (shift)")
     parser.add_argument("--epochs", type=int, default=3)
@@ -59,10 +68,12 @@ def main() -> None:
     gen = torch.Generator().manual_seed(args.seed)
     if args.mode == "random":
         y = torch.randint(0, num_classes, data.y.shape, generator=gen)
+    elif args.mode == "flip":
+        y = num_classes - 1 - data.y
     else:
         y = (data.y + 1) % num_classes
     poisoned = ArrayDataset(data.x, y, num_classes)
-    if args.mode == "random":
+    if (args.counts or ("claim" if args.mode == "shift" else "trained")) == "trained":
         counts = torch.bincount(y, minlength=num_classes).tolist()
     else:
         counts = [args.claim] * num_classes

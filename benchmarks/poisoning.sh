@@ -9,10 +9,19 @@
 #                                     and RUN/decoders/client_KK.decoder.bundle, made by the clients' own CVAE)
 #
 # Writes benchmarks/results/poisoning_honest8.json and poisoning_hostile2.json.
+#
+#   benchmarks/poisoning.sh RUN colluding [TAG]
+#
+# Issue #34's colluding-devices table: clients 0-6 as uploaded (classifier and decoder each) alone, then
+# with three hostile devices in the slots of clients 7-9, one attack a row (benchmarks/poisoning_collude.sh).
+# Writes benchmarks/results/collude[_TAG]_{honest7,colluding3,flipped3,shifted3}.json and prints the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-run=${1:?usage: benchmarks/poisoning.sh RUN}
-py=.venv/bin/python
+run=${1:?usage: benchmarks/poisoning.sh RUN [colluding [TAG]]}
+py=${PYTHON:-.venv/bin/python}
+if [ "${2:-}" = colluding ]; then
+  exec benchmarks/poisoning_collude.sh "$run" "${3:-}"
+fi
 hostile="$run/hostile"
 mkdir -p "$hostile"
 for kind in classifier decoder; do
