@@ -15,7 +15,10 @@ blurrier is judged on its own scale):
 
 * a claim (d, c) scoring under ``keep_ratio`` times the median score of the decoders claiming c, when at
   least three decoders claim c (of two, the median is the mean, which a liar moves: the second rule
-  judges those);
+  judges those) and the claim weighs at least as much as the median claim of c: the budget is split by
+  the counts, so a smaller claim buys less than a typical holder's share, and a decoder that saw a
+  handful of examples of c draws them badly without lying (on small clients, most of the honest claims
+  under the bar are such);
 * every claim of decoder d when its score over all its claims (weighted by its claimed counts) is under
   ``keep_ratio`` times the median decoder's, when there are at least three decoders: a shifted decoder
   fails on every class it draws, an honest one with a blurry class or two does not.
@@ -126,7 +129,8 @@ def _refused(
         scored = [(d, row[c]) for d, row in enumerate(scores) if row[c] is not None]
         if len(scored) >= MIN_JUDGED:
             bar = keep_ratio * median([s for _, s in scored])  # type: ignore[misc]
-            refused |= {(d, c) for d, s in scored if s < bar}  # type: ignore[operator]
+            weighs = median([counts[d][c] for d, _ in scored])
+            refused |= {(d, c) for d, s in scored if s < bar and counts[d][c] >= weighs}  # type: ignore[operator]
     overall: dict[int, float] = {}
     for d, row in enumerate(scores):
         weights = [(counts[d][c], s) for c, s in enumerate(row) if s is not None]

@@ -131,3 +131,28 @@ def test_on_digits_decoders_drawing_y_minus_1_are_refused_and_no_honest_claim_is
     assert {d for d, _ in check.rejected} == liars, (check.rejected, check.scores)
     assert all(check.label_counts[d] == [0] * 10 for d in liars)
     assert check.label_counts[:6] == decoder_counts[:6]
+
+
+class BadAt(DrawsTheClass):
+    """An honest decoder that draws class ``bad`` as another class (it saw a handful of its examples)."""
+
+    def __init__(self, bad: int) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def forward(self, z: torch.Tensor, y_onehot: torch.Tensor) -> torch.Tensor:
+        x = super().forward(z, y_onehot)
+        return torch.where((y_onehot.argmax(1) == self.bad).view(-1, 1, 1, 1), torch.full_like(x, 0.5), x)
+
+
+def test_a_small_claim_drawn_badly_is_kept_and_a_heavy_one_is_refused():
+    """Per class, only a claim weighing at least the median claim of its class is refused: a decoder that
+    saw 2 examples of class 0 buys little of it; one claiming 90 of them and drawing them as another class is refused."""
+    teachers = [[30, 20, 20, 20]] * 4
+    modules = [ReadsTheClass() for _ in teachers]
+    counts = [[30, 20, 20, 20], [30, 20, 20, 20], [30, 20, 20, 20], [2, 40, 40, 40], [90, 40, 40, 40]]
+    decoders = [DrawsTheClass(), DrawsTheClass(), DrawsTheClass(), BadAt(0), BadAt(0)]
+    check = verify_decoders(modules, teachers, decoders, counts, probe=8)
+    assert check.scores[3][0] == 0.0 and check.scores[4][0] == 0.0
+    assert check.rejected == [(4, 0)]
+    assert check.label_counts[3] == counts[3] and check.label_counts[4] == [0, 40, 40, 40]
