@@ -306,11 +306,15 @@ def guarded(
     started: dict[tuple[int, int], float] = {}
     handles = []
 
-    def hooks(k: int, limit: float) -> tuple[Callable[..., None], Callable[..., None]]:
-        def before(_module: nn.Module, _inputs: tuple[object, ...]) -> None:
-            started[k, threading.get_ident()] = time.perf_counter()
+    def hooks(k: int, limit: float, target: nn.Module) -> tuple[Callable[..., None], Callable[..., None]]:
+        # a deep copy of a teacher (FedAvg's initial student) copies its hooks: they judge only the teacher
+        def before(module: nn.Module, _inputs: tuple[object, ...]) -> None:
+            if module is target:
+                started[k, threading.get_ident()] = time.perf_counter()
 
-        def after(_module: nn.Module, inputs: tuple[object, ...], output: object) -> None:
+        def after(module: nn.Module, inputs: tuple[object, ...], output: object) -> None:
+            if module is not target or torch.jit.is_tracing():
+                return
             elapsed = time.perf_counter() - started.pop((k, threading.get_ident()), time.perf_counter())
             batch = inputs[0].shape[0] if inputs and isinstance(inputs[0], Tensor) and inputs[0].dim() else 1
             allowed = max(call_seconds, limit * batch)
@@ -336,7 +340,7 @@ def guarded(
     try:
         for k, (module, limit) in enumerate(zip(modules, per_sample_seconds, strict=True)):
             target = module.inner if isinstance(module, Abstaining) else module  # split() calls inner
-            before, after = hooks(k, float(limit))
+            before, after = hooks(k, float(limit), target)
             handles += [target.register_forward_pre_hook(before), target.register_forward_hook(after)]
         yield
     finally:
