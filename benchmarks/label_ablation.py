@@ -8,8 +8,8 @@ Every variant is an :class:`server_kit.aggregate.AggregateConfig` (the default, 
 overrides; sections ``labels``, ``inversion``, ``generator``, ``distill``, or a top-level field) run through
 the same phases ``server-kit aggregate`` runs (``synthesize``, ``label``, ``train_global``), so a row here
 is what the CLI would give. Variants that differ only after synthesis share its samples (cached in
-memory and, for the inversion, in ``--work``). Prints one JSON line per variant and writes them all, with
-the teacher ensemble's ceilings on the real test set, to ``--out``:
+memory; the inversion's chunks are kept in ``--work``, so a rerun resumes). Prints one JSON line per
+variant and writes them all, with the teacher ensemble's ceilings on the real test set, to ``--out``:
 
 * ``mean``: argmax of the mean consensus; ``label_weighted``: each teacher's vote for class c scaled by its
   share of c; ``label_weighted_masked``: the same with each teacher's softmax over its own classes;
@@ -172,15 +172,10 @@ def main() -> None:
         )
         t0 = time.perf_counter()
         if key not in cache:
+            # one work folder per synthesis (the server writes through no link, so chunks are not shared
+            # between syntheses by linking one folder into another)
             tag = "synth_" + hashlib.sha256(key.encode()).hexdigest()[:12]
-            # the inversion chunks depend on the bundles, the inversion config and the seed only: one
-            # directory for them, linked into every synthesis that shares them
-            inv_key = json.dumps([[str(p) for p, _ in classifiers], config.inversion.to_dict(), config.seed])
-            chunks = work / ("inversion_" + hashlib.sha256(inv_key.encode()).hexdigest()[:12])
-            chunks.mkdir(parents=True, exist_ok=True)
             (work / tag).mkdir(parents=True, exist_ok=True)
-            if not (work / tag / "synthetic").exists():
-                (work / tag / "synthetic").symlink_to(chunks.resolve(), target_is_directory=True)
             cache[key] = synthesize(fed, config, work / tag)
         synthesis = cache[key]
         t_synth = time.perf_counter() - t0

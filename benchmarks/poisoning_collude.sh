@@ -22,6 +22,7 @@ cd "$(dirname "$0")/.."
 run=${1:?usage: benchmarks/poisoning_collude.sh RUN [TAG]}
 tag=${2:+_$2}
 py=${PYTHON:-.venv/bin/python}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's code, whatever the interpreter has installed
 hostile="$run/hostile_collude"
 mkdir -p "$hostile" benchmarks/results
 decoder() {  # the decoder bundle of client $1 (two digits)
