@@ -234,12 +234,17 @@ def measure_costs(
             x = torch.rand((size, *input_shape), generator=gen)
             for i in alive:
                 # bytes counted on one run; the time is the faster of two (a shared core's pause is no cost)
-                counted = _step(modules[i], x, phase.backward, precision, dev, count=True)[1]
-                runs = [
-                    _step(modules[i], x, phase.backward, precision, dev, count=False)[0] for _ in range(2)
-                ]
+                try:
+                    counted = _step(modules[i], x, phase.backward, precision, dev, count=True)[1]
+                    runs = [
+                        _step(modules[i], x, phase.backward, precision, dev, count=False)[0] for _ in range(2)
+                    ]
+                except (RuntimeError, MemoryError) as err:  # torch's shape errors, an allocation refused
+                    dropped[i] = f"fails on a {phase.name} step at batch {size}: {err}"
+                    continue
                 times[i].append((size, min(runs)))
                 sizes_bytes[i].append((size, float(counted)))
+            alive = [i for i in alive if i not in dropped]
             for i in alive:
                 reason = _over(phase, size, times, sizes_bytes, alive, config, i, predicted=False)
                 if reason:

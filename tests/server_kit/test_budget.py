@@ -103,6 +103,22 @@ def test_a_slow_teacher_and_one_ruinous_at_the_batch_are_dropped_the_honest_kept
     assert costs.per_sample_seconds[0] > 0
 
 
+class FixedBatch(nn.Module):
+    """Fine at the probe's batch of 2, broken at any other: it reshapes to a batch it assumes."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.reshape(2, *x.shape[1:]))
+
+
+def test_a_teacher_failing_at_the_servers_batch_is_dropped_with_its_error(honest):
+    costs = measure_costs([*honest, FixedBatch(honest[0])], (Phase("vote", 16, False),), SHAPE)
+    assert list(costs.dropped) == [3] and "fails on a vote step at batch 1" in costs.dropped[3]
+
+
 def test_the_guard_drops_a_teacher_non_finite_on_images_but_not_on_noise(honest, digits):
     nan = NaNOnImages(honest[0])
     noise = torch.rand((16, *SHAPE), generator=torch.Generator().manual_seed(0))

@@ -147,7 +147,7 @@ class BadAt(DrawsTheClass):
 
 def test_a_small_claim_drawn_badly_is_kept_and_a_heavy_one_is_refused():
     """Per class, only a claim weighing at least the median claim of its class is refused: a decoder that
-    saw 2 examples of class 0 buys little of it; one claiming 90 of them and drawing them as another class is refused."""
+    saw 2 examples of class 0 buys little of it; one claiming 90 and drawing another class is refused."""
     teachers = [[30, 20, 20, 20]] * 4
     modules = [ReadsTheClass() for _ in teachers]
     counts = [[30, 20, 20, 20], [30, 20, 20, 20], [30, 20, 20, 20], [2, 40, 40, 40], [90, 40, 40, 40]]
