@@ -43,6 +43,7 @@ from server_kit.aggregate import (
     top_up,
     train_global,
 )
+from server_kit.clones import without_clones
 from server_kit.labels import class_shares, held_classes
 from server_kit.teachers import read_uploads, teachers_from_bundles
 
@@ -146,7 +147,10 @@ def main() -> None:
     rows: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
 
     paths = args.bundles or sorted(glob.glob(str(run / "clients" / "client_*.bundle")))
-    classifiers, decoders = split_kinds(read_uploads(paths))  # cvae_decoder bundles feed the decoder source
+    clones: list[tuple[str, str]] = []  # one model under several names counts once, as the server does
+    uploads = without_clones(read_uploads(paths), on_error="skip", skipped=clones)
+    paths = [str(path) for path, _ in uploads]
+    classifiers, decoders = split_kinds(uploads)  # cvae_decoder bundles feed the decoder source
     teachers = teachers_from_bundles(classifiers, skipped=[])
     fed = Federation.from_teachers(teachers, torch.device("cpu"), decoders)
     test = load_client_data(run / "data" / "test.npz")
@@ -191,6 +195,7 @@ def main() -> None:
         rows[name] = {
             "spec": spec,
             "bundles": paths,
+            "skipped": clones,
             "accuracy": acc,
             "per_class_accuracy": per_class,
             "min_class_accuracy": min(per_class),

@@ -53,6 +53,7 @@ from export.bundle import Bundle
 from export.onnx_export import export_onnx
 from server_kit.adversarial import AdversarialConfig, adversarial_distill
 from server_kit.budget import BudgetConfig, Costs, measure_costs, run_guarded, server_phases
+from server_kit.clones import without_clones
 from server_kit.decoder_trust import verify_decoders
 from server_kit.decoders import check_temperature, filter_by_centroid, load_decoder, sample_decoders
 from server_kit.distill import DistillConfig, distill
@@ -808,6 +809,7 @@ def _run(
     with timed(seconds, "load"):
         skipped: list[tuple[str, str]] = []
         uploads = read_uploads(bundle_paths, on_error=config.on_error, skipped=skipped)
+        uploads = without_clones(uploads, on_error=config.on_error, skipped=skipped)  # copies count once
         classifiers, decoder_bundles = split_kinds(uploads)
         teachers = teachers_from_bundles(
             classifiers, on_error=config.on_error, device=device, skipped=skipped, count=len(bundle_paths)
