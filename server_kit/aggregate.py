@@ -973,7 +973,7 @@ def _within_budget(
         message = f"{teachers[i].path}: {reason}"
         if config.on_error == "stop":
             raise TeacherError(message)
-        log.warning("dropped teacher %s", message)
+        log.info("dropped teacher %s", message)  # as it happens; the CLI warns with the skipped
         skipped.append((str(teachers[i].path), reason))
     kept = [i for i in range(len(teachers)) if i not in costs.dropped]
     if not kept:

@@ -382,7 +382,7 @@ def run_guarded(
             message = f"{labels[err.index]}: {err.reason}"
             if on_error != "skip":
                 raise TeacherError(message) from err
-            log.warning("dropped teacher %s", message)
+            log.info("dropped teacher %s", message)  # as it happens; the CLI warns with the skipped
             kept.remove(err.index)
             dropped.append((err.index, err.reason))
             if not kept:
