@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One hostile teacher among honest uploads (issue #34): `server-kit aggregate --on-error skip` on RUN's
-# client bundles (classifier and decoder each) alone, then with one bundle of benchmarks/hostile_teachers.py
-# added (slow: 48 convolutions on one shared weight; nan: finite on noise, NaN on image-like inputs), each
-# measured with /usr/bin/time -v. Prints accuracy, server seconds and what was skipped, one line a row.
+# client bundles (classifier and decoder each) but client CLIENT's classifier (the honest round), then with
+# that device uploading a bundle of benchmarks/hostile_teachers.py in its place (slow: 48 convolutions on
+# one shared weight; nan: its own classifier, finite on noise and NaN on image-like inputs), each measured
+# with /usr/bin/time -v. Prints accuracy, server seconds and what was skipped, one line a row.
 #
-#   benchmarks/hostile_round.sh RUN [CLIENT]     (CLIENT: whose counts the hostile bundles claim; default 9)
+#   benchmarks/hostile_round.sh RUN [CLIENT]     (CLIENT: the hostile device; default 9)
 #
 # Writes RUN/hostile_round/{honest,slow,nan}/ (report.json, time.txt).
 set -euo pipefail
@@ -19,12 +20,16 @@ for mode in slow nan; do
   [ -f "$work/$mode.bundle" ] || $py benchmarks/hostile_teachers.py "$run" --client "$client" --mode $mode \
     --out "$work/$mode.bundle"
 done
+honest=()
+for path in "$run"/clients/*.bundle; do
+  [ "$(basename "$path")" = "$(printf 'client_%02d.bundle' "$client")" ] || honest+=("$path")
+done
 for row in honest slow nan; do
   extra=()
   [ "$row" = honest ] || extra=("$work/$row.bundle")
   rm -rf "$work/$row"
   mkdir -p "$work/$row"
-  /usr/bin/time -v -o "$work/$row.time.txt" $py -m server_kit.cli aggregate "$run"/clients/*.bundle "${extra[@]}" \
+  /usr/bin/time -v -o "$work/$row.time.txt" $py -m server_kit.cli aggregate "${honest[@]}" "${extra[@]}" \
     --out "$work/$row" --eval "$run/data/test.npz" --on-error skip --quiet || true
   $py - "$work/$row" <<'PY'
 import json, sys
