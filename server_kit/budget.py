@@ -63,14 +63,15 @@ VOTE_BATCH = 512  # the batch the vote and the claim checks run the teachers at 
 
 @dataclass(frozen=True, kw_only=True)
 class BudgetConfig:
-    """How far a teacher may exceed the median teacher before it is dropped; see the module docstring."""
+    """How far a teacher may exceed the median teacher before it is dropped; see the module docstring.
 
-    factor: float = 20.0  # times the median teacher's cost, in seconds and in bytes, per phase
-    # per step at the phase's batch: no teacher is dropped for time below it (a second's step costs minutes
-    # over a phase's steps, not hours; timer noise and a shared core's pauses stay far below it)
-    min_seconds: float = 0.5
-    min_bytes: int = 64 * 2**20  # kept for backward at the phase's batch: none dropped for memory below it
-    call_seconds: float = 1.0  # the guard's floor for one forward pass while the phases run
+    The floors keep noise from deciding: a step under ``min_seconds`` costs minutes over a phase's steps,
+    not hours, and timer noise and a shared core's pauses stay far below it."""
+
+    factor: float = 20.0  # a teacher may cost this many times the median teacher (seconds, bytes) per phase
+    min_seconds: float = 0.5  # no teacher is dropped for time when its step takes less than this many seconds
+    min_bytes: int = 64 * 2**20  # no teacher is dropped for memory when its step needs fewer bytes than this
+    call_seconds: float = 1.0  # while the phases run, no forward pass is too slow under this many seconds
 
     def __post_init__(self) -> None:
         for name in ("factor", "min_seconds", "call_seconds"):
