@@ -191,7 +191,12 @@ def test_a_round_drops_a_slow_and_a_nan_teacher_names_them_and_finishes(tmp_path
     NaN on image-like inputs (finite on the noise the load probe uses), put in as loaded teachers."""
     import server_kit.aggregate as agg
 
-    paths = [_bundle(tmp_path, k, honest[k % 3], SPECS[k % 3]) for k in range(5)]
+    # the hostile two are put in as loaded teachers; their uploads are models of their own (a copy of an
+    # honest model would be refused as one: server_kit.clones)
+    with torch.random.fork_rng():
+        torch.manual_seed(9)
+        stand_ins = [build_model(SPECS[k % 3], SHAPE, 10).eval() for k in (3, 4)]
+    paths = [_bundle(tmp_path, k, [*honest, *stand_ins][k], SPECS[k % 3]) for k in range(5)]
 
     def load(bundles, **kwargs):
         teachers = teachers_from_bundles(bundles, **kwargs)
