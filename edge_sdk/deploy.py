@@ -167,7 +167,9 @@ def deploy(
     if calibration is not None:
         calibration = _check_calibration(calibration, shape)
     if config.int8:
-        src = dataclasses.replace(src, model=quantize_int8(src.fp32, calibration[: config.calibration_size]))
+        # every given image checks the agreement; the first calibration_size also set the ranges
+        int8 = quantize_int8(src.fp32, calibration[: config.calibration_size], check=calibration)
+        src = dataclasses.replace(src, model=int8)
     files = target.convert(src)
     images = calibration if calibration is not None else _check_images(src)
     agreement, diff = _compare(target, src, files, images, exact=not config.int8)
