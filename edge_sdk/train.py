@@ -137,8 +137,8 @@ def train(
     """
     _check(train, "training")
     device = torch.device(device)
-    # channels-last conv weights make oneDNN run the convolutions channels-last: 1.3-1.5x faster training
-    # steps on CPU for chain CNNs (measured); same values, and export reads the weights either way
+    # channels-last conv weights make oneDNN run the convolutions channels-last: faster training steps on
+    # CPU for chain CNNs (benchmarks/RESULTS.md); same values, and export reads the weights either way
     model.to(device, memory_format=torch.channels_last).train()
     x = train.x.to(device)  # N x C x H x W uint8, converted per batch
     y = train.y.to(device=device, dtype=torch.long)

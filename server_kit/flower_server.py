@@ -70,7 +70,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# a reply's bytes (its bundles together) the server accepts: MNIST-sized teachers are 0.1 to 45 MB
+# a reply's bytes (its bundles together) the server accepts: MNIST-sized teachers are far below it
+# (benchmarks/RESULTS.md, "Numbers once kept in the code's comments", gives the sizes seen)
 DEFAULT_MAX_BUNDLE_BYTES = 256 << 20
 RESULTS_FILE = "flower_results.json"
 _ERROR_CHARS = 500  # of a device's error text kept in a log line

@@ -140,8 +140,8 @@ def load_teacher(
         except TeacherError as err:
             reasons.append(f"{method}: {err}")
             continue
-        # channels-last conv weights: oneDNN then runs every conv of the teacher in that layout, 1.3-1.7x
-        # faster on CPU for inversion and the vote (benchmarks/RESULTS.md, "Speed and memory"); same values
+        # channels-last conv weights: oneDNN then runs every conv of the teacher in that layout, faster on
+        # CPU for inversion and the vote (benchmarks/RESULTS.md, "Speed and memory"); same values
         module = module.to(memory_format=torch.channels_last)
         if bundle.unknown_output:
             module = Abstaining(module, bundle.num_classes).eval().requires_grad_(False)
@@ -345,9 +345,9 @@ class _BatchStatistics(torch.autograd.Function):
     """Per-channel mean and biased variance of an N x C x H x W tensor, in float32, differentiable.
 
     Autograd through ``x.mean`` and ``x.var`` costs about ten passes over the tensor (and ``var`` over
-    dims (0, 2, 3) of a channels-last tensor has no fast kernel): 200 ms per step for one 200 x 96 x 28 x 28
-    layer on one core, more than the teacher's convolutions. Forward here is torch's batch-norm statistics
-    kernel (one pass), backward one fused pass: d mean / dx = 1 / n, d var / dx = 2 (x - mean) / n.
+    dims (0, 2, 3) of a channels-last tensor has no fast kernel): more than the teacher's convolutions on a
+    wide layer (benchmarks/RESULTS.md, "Speed and memory, second pass"). Forward here is torch's batch-norm
+    statistics kernel (one pass), backward one fused pass: d mean / dx = 1 / n, d var / dx = 2 (x - mean) / n.
     """
 
     @staticmethod

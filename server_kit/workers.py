@@ -16,7 +16,7 @@ __all__ = ["WORKER_PRELOAD", "WORKER_PRIMITIVE_CACHE", "worker_pool"]
 
 WORKER_PRIMITIVE_CACHE = 128  # oneDNN primitives a client worker keeps (see worker_pool)
 # What a client worker imports, loaded once by the fork server so that the workers share those pages:
-# torch._dynamo is what torch.optim.Adam's constructor imports (~900 modules, ~75 MB per process)
+# torch._dynamo is what torch.optim.Adam's constructor imports (hundreds of modules in every process)
 WORKER_PRELOAD = [
     "torch._dynamo",
     "torch.optim",
@@ -31,9 +31,9 @@ WORKER_PRELOAD = [
 
 def _worker_context() -> multiprocessing.context.BaseContext:
     """Client workers forked from a fork server that has imported the device pipeline (where the
-    platform has one; else spawned). A spawned worker imports torch on its own: ~280 MB of private
-    memory each with torch's CUDA build, while forked workers share the server's copy (copy-on-write;
-    measured on two MNIST clients: 1,529 -> 1,380 MB peak PSS with torch._dynamo and onnx preloaded too).
+    platform has one; else spawned). A spawned worker imports torch on its own, in private memory, while
+    forked workers share the server's copy (copy-on-write; benchmarks/RESULTS.md, "Speed and memory, second
+    pass", measures the preloads).
     The fork server never runs a torch op, so no thread pool is forked half-initialised."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
@@ -47,7 +47,8 @@ def worker_pool(jobs: int) -> Iterator[cf.ProcessPoolExecutor]:
     """``jobs`` worker processes of one task each (a fresh fork per client: the heap one client's
     training leaves behind never reaches the next), each with an equal share of the free cores and a
     small oneDNN primitive cache (one client trains one model at a time: 128 primitives hold it; the
-    default 1,024 kept ~60 MB more per worker, measured on a 400 MFLOP device's search at equal speed).
+    default 1,024 kept more memory per worker at equal speed: benchmarks/RESULTS.md, "Speed and memory,
+    second pass").
     The fork server is stopped on the way out."""
     threads = max(1, usable_threads() // jobs)
     try:
@@ -64,9 +65,10 @@ def worker_pool(jobs: int) -> Iterator[cf.ProcessPoolExecutor]:
 
 
 def _stop_fork_server() -> None:
-    """End the fork server once the clients are done: it would otherwise hold its ~300 MB through the
-    server phase. ``ForkServer._stop`` is private (CPython's tests use it); without it the server lingers
-    until this process exits, which costs memory, nothing else. A later pool starts a fresh one."""
+    """End the fork server once the clients are done: it would otherwise hold its copy of torch and the
+    device pipeline through the server phase. ``ForkServer._stop`` is private (CPython's tests use it);
+    without it the server lingers until this process exits, which costs memory, nothing else. A later pool
+    starts a fresh one."""
     stop = getattr(getattr(multiprocessing.forkserver, "_forkserver", None), "_stop", None)
     if callable(stop):
         stop()
