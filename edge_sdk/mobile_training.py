@@ -36,7 +36,7 @@ from torch.export.experimental import _copy_graph_module_and_signature, _remove_
 from torch.export.exported_program import _decompose_exported_program
 
 from common.errors import ExportError
-from edge_sdk.mobile_targets import conversion_error
+from edge_sdk.mobile_targets import check_kernels, conversion_error
 from export.metadata import DEPLOY_KEYS
 
 __all__ = [
@@ -154,9 +154,10 @@ def training_program(
             compile_config=EdgeCompileConfig(_check_ir_validity=False),
             constant_methods=constants,
         )
-        return bytes(edge.to_executorch().buffer)
+        manager = edge.to_executorch()
     except Exception as err:  # torch.export and exir raise many types, each a graph they cannot represent
         raise conversion_error("ExecuTorch training", err) from err
+    return check_kernels("ExecuTorch training", manager)
 
 
 def load_trainer(program: bytes):  # -> executorch.extension.training.TrainingModule

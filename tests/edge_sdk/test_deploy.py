@@ -16,14 +16,17 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
+from torch import nn
 
 from common.errors import ConfigError, ExportError, ToolkitError
+from edge_sdk import mobile_targets, mobile_training
 from edge_sdk.arch import build_model
 from edge_sdk.artifacts import TrainedModel, bundle_model
 from edge_sdk.cli import main
 from edge_sdk.data import deploy_metadata_for, load_dataset, save_client_data
 from edge_sdk.deploy import TARGETS, DeployConfig, deploy
 from edge_sdk.mobile_targets import rebuild
+from edge_sdk.mobile_training import TRAINING_KEY, load_trainer, torch_steps, trainer_steps, training_settings
 from edge_sdk.train import TrainConfig, to_float, train
 from export.onnx_export import export_onnx, read_metadata
 from profiles import load_profile
@@ -275,8 +278,6 @@ def test_executorch_training_steps_as_torch_and_exports_back(model, digits, tmp_
     loss curve, and its trained weights go back into the architecture and deploy again."""
     if importlib.util.find_spec("executorch") is None:
         pytest.skip(MOBILE_SKIP)
-    from edge_sdk.mobile_training import torch_steps, trainer_steps, training_settings
-
     out = tmp_path / "train.pte"
     deploy(model["path"], out, config=DeployConfig(target="executorch-train", train_batch_size=32))
     source = model["path"].read_bytes()
@@ -307,8 +308,6 @@ def test_executorch_training_steps_as_torch_and_exports_back(model, digits, tmp_
 def test_the_training_program_carries_its_settings(model, tmp_path) -> None:
     if importlib.util.find_spec("executorch") is None:
         pytest.skip(MOBILE_SKIP)
-    from edge_sdk.mobile_training import TRAINING_KEY, load_trainer
-
     out = tmp_path / "train.pte"
     deploy(model["path"], out, config=DeployConfig(target="executorch-train", train_batch_size=8))
     program = load_trainer(out.read_bytes()).model
@@ -362,3 +361,39 @@ def test_a_model_whose_arch_lies_is_one_line(tmp_path, monkeypatch, capsys, arch
     assert main(["deploy", str(liar), "--target", target, "--out", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and not out.exists()
+
+
+class _Erfinv(nn.Module):
+    """A classifier with an operator no phone runtime here has a kernel or a conversion for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.erfinv(torch.tanh(self.head(x.flatten(1))) * 0.5)
+
+
+@pytest.mark.parametrize(
+    ("target", "named"),
+    [("executorch", "aten.erfinv"), ("executorch-train", "aten::erfinv"), ("coreml", "special_erfinv")],
+)
+def test_an_operator_a_target_cannot_represent_is_named_in_one_line(target, named) -> None:
+    if importlib.util.find_spec(TARGETS[target].module.split(".")[0]) is None:
+        pytest.skip(MOBILE_SKIP)
+    props = deploy_metadata_for((1, 8, 8), 10, NAMES)  # no ONNX of it: ONNX has no erfinv either
+    convert = {
+        "executorch": lambda m: mobile_targets.executorch_files(m, (1, 8, 8), props),
+        "coreml": lambda m: mobile_targets.coreml_files(m, (1, 8, 8), props),
+        "executorch-train": lambda m: mobile_training.training_program(
+            m,
+            (1, 8, 8),
+            props,
+            num_classes=10,
+            settings=mobile_training.training_settings(lr=0.01, momentum=0.9, batch_size=4),
+        ),
+    }[target]
+    with pytest.raises(ExportError, match="cannot represent the operator") as caught:
+        convert(_Erfinv().eval())
+    message = str(caught.value)
+    assert named in message and "\n" not in message
