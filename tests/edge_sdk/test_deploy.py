@@ -47,7 +47,7 @@ INT8_TOLERANCE = 0.01
 # the ExecuTorch training program against torch, step by step: the same float32 maths in other kernels
 # (ExecuTorch's portable ones, other summation orders), so each step's loss differs by rounding, orders
 # of magnitude below this bound, while a wrong kernel is far above it (the runtime's own max-pool
-# backward, which the program replaces, moved the second step's loss by more than 1e-3). Ten steps: in an
+# backward, which the program replaces: benchmarks/RESULTS.md, issue #35). Ten steps: in an
 # unstable stretch of a longer run, rounding differences grow for torch against itself too (its
 # channels-last kernels against its contiguous ones), and the bound would measure the run, not the runtime
 TRAIN_STEPS = 10
