@@ -110,7 +110,7 @@ def _drop_channels_last(program: torch.export.ExportedProgram) -> None:
         if node.kwargs.get("memory_format") == torch.channels_last:
             node.kwargs = {k: v for k, v in node.kwargs.items() if k != "memory_format"}
             changed = True
-    if changed:  # recompiled only when changed: an unchanged recompile altered the program's memory plan
+    if changed:  # only then: recompiling an unchanged graph gave a program that crashed the runtime
         program.graph_module.recompile()
 
 
@@ -133,7 +133,7 @@ def training_program(
     settings: TrainingSettings,
 ) -> bytes:
     """The ``.pte`` training program of ``module`` for batches of ``settings["batch_size"]`` images
-    (static: ExecuTorch's joint graph has a fixed shape; an app fills each batch from its images)."""
+    (a static shape: an app fills each batch from its own images)."""
     from executorch.exir import EdgeCompileConfig, to_edge
 
     batch = int(settings["batch_size"])
