@@ -532,7 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     command(
         "deploy",
         cmd_deploy,
-        "convert a classifier for a phone runtime: onnx, ort, tflite, executorch or coreml",
+        "convert a classifier for a phone runtime: onnx, ort, tflite, executorch, executorch-train "
+        "(a training program: fine-tuning on the phone) or coreml",
         build_deploy,
     )
 
