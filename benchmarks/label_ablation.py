@@ -32,8 +32,6 @@ import torch
 from edge_sdk.data import load_client_data
 from edge_sdk.train import to_float
 from export.atomic import atomic_write_json
-from server_kit.abstain import own_probability
-from server_kit.adversarial import AdversarialConfig
 from server_kit.aggregate import (
     AggregateConfig,
     Federation,
@@ -43,8 +41,10 @@ from server_kit.aggregate import (
     top_up,
     train_global,
 )
-from server_kit.labels import class_shares, held_classes
-from server_kit.teachers import read_uploads, teachers_from_bundles
+from server_kit.labelling.labels import class_shares, held_classes
+from server_kit.teachers.abstain import own_probability
+from server_kit.teachers.loading import read_uploads, teachers_from_bundles
+from server_kit.training.adversarial import AdversarialConfig
 
 SECTIONS = ("labels", "inversion", "generator", "distill", "adversarial")
 

@@ -1,7 +1,7 @@
 """The server pipeline: bundles -> teachers -> pseudo-images -> labels -> student -> global.onnx.
 
 Four phases, each a typed function a benchmark can call alone: :func:`synthesize` (pooled synthesis
-sources, ``SOURCES``: inversion, decoder, generator), :func:`label` (:mod:`server_kit.labels`),
+sources, ``SOURCES``: inversion, decoder, generator), :func:`label` (:mod:`server_kit.labelling.labels`),
 :func:`train_global` (distillation, or FedMHO's fusion) and the report :func:`aggregate` writes.
 
 One call runs pFedZKD's server side (Algorithms 3 and 4) and leaves everything needed to audit it in
@@ -49,19 +49,25 @@ from edge_sdk.train import release_memory
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle
 from export.onnx_export import export_onnx
-from server_kit.adversarial import AdversarialConfig, adversarial_distill
-from server_kit.decoders import check_temperature, filter_by_centroid, load_decoder, sample_decoders
-from server_kit.distill import DistillConfig, distill
 from server_kit.evaluate import evaluate_onnx
-from server_kit.fedavg import fedavg_init
-from server_kit.fusion import FusionConfig, fuse
-from server_kit.generator import ConditionalGenerator, GeneratorConfig, synthesize_generator
-from server_kit.grid import write_grid
-from server_kit.inversion import InversionConfig, SyntheticSet, synthesize_inversion
-from server_kit.labels import LabelConfig, Labels, label_synthetic
-from server_kit.parallel import teacher_workers
-from server_kit.teachers import Teacher, Uploads, declared_class_names, read_uploads, teachers_from_bundles
-from server_kit.trust import verify_claims, verify_decoders
+from server_kit.labelling.labels import LabelConfig, Labels, label_synthetic
+from server_kit.labelling.trust import verify_claims, verify_decoders
+from server_kit.report.grid import write_grid
+from server_kit.synthesis.decoders import check_temperature, filter_by_centroid, load_decoder, sample_decoders
+from server_kit.synthesis.generator import ConditionalGenerator, GeneratorConfig, synthesize_generator
+from server_kit.synthesis.inversion import InversionConfig, SyntheticSet, synthesize_inversion
+from server_kit.teachers.loading import (
+    Teacher,
+    Uploads,
+    declared_class_names,
+    read_uploads,
+    teachers_from_bundles,
+)
+from server_kit.teachers.parallel import teacher_workers
+from server_kit.training.adversarial import AdversarialConfig, adversarial_distill
+from server_kit.training.distill import DistillConfig, distill
+from server_kit.training.fedavg import fedavg_init
+from server_kit.training.fusion import FusionConfig, fuse
 
 __all__ = [
     "DEFAULT_STUDENT",
@@ -121,8 +127,10 @@ class AggregateConfig:
     ``hard_labels`` is the paper's "w/o ZSKD" ablation: the student learns the generating teacher's
     target class with cross entropy, no multi-teacher fusion. It is the one switch: it changes the
     labelling, the top-up and which methods combine, not just the loss, so ``distill.hard_labels`` (the
-    loss of :func:`server_kit.distill.distill` alone) stays False here and the server sets it from this.
-    ``labels`` says how the teachers' votes become a soft target (:mod:`server_kit.labels`); the hard
+    loss of :func:`server_kit.training.distill.distill` alone) stays False here and the server sets it from
+    this.
+    ``labels`` says how the teachers' votes become a soft target (:mod:`server_kit.labelling.labels`); the
+    hard
     labels of the ablation ignore it. ``device="auto"`` picks CUDA when present.
 
     FedMHO: the ``decoder`` source samples ``decoder_samples`` images from the ``cvae_decoder`` bundles
@@ -368,7 +376,8 @@ def aggregate(
     """Run the server side end to end and write its outputs into ``out_dir`` (see the module docstring).
 
     ``bundle_paths``: bundle files, or name -> bytes (bundles that arrived over a network, a Flower reply),
-    each held to the checks of a bundle file (:func:`server_kit.teachers.read_uploads`) and named in the
+    each held to the checks of a bundle file (:func:`server_kit.teachers.loading.read_uploads`) and named in
+    the
     report by its name. Bad bundles stop the run or are skipped with their reason (``config.on_error``);
     bundles that disagree on num_classes / input_shape with the majority are refused. ``eval_data`` (uint8
     images, the global test set) is used only to report the accuracy of the written ``global.onnx``.
@@ -420,7 +429,8 @@ class Federation:
 @dataclass(frozen=True)
 class Synthesis:
     """The pooled synthetic set, each source's part of it, the label counts the later phases may trust
-    (the claimed ones, or those that passed :func:`server_kit.trust.verify_claims`) and the report."""
+    (the claimed ones, or those that passed :func:`server_kit.labelling.trust.verify_claims`) and the
+    report."""
 
     synthetic: SyntheticSet
     parts: dict[str, SyntheticSet]

@@ -24,8 +24,8 @@ from edge_sdk.cli import client_groups, cvae_config, search_classes, search_conf
 
 if TYPE_CHECKING:  # annotations only: the CLI imports the server library when a sub-command runs
     from server_kit.aggregate import AggregateConfig
-    from server_kit.fusion import FusionConfig
-    from server_kit.simulate import SimulateConfig
+    from server_kit.federation.simulate import SimulateConfig
+    from server_kit.training.fusion import FusionConfig
 
 __all__ = ["main"]
 
@@ -71,7 +71,7 @@ def _fusion(
 ) -> FusionConfig:
     """FedMHO's fusion from ``--fusion-preset`` and the ``--fusion-*`` fields given, over ``base``; its
     options without a mode (given, or the base's) are refused: fusion is off."""
-    from server_kit.fusion import FusionConfig
+    from server_kit.training.fusion import FusionConfig
 
     mode = given.get("mode", base.mode if base is not None else None)
     if mode is None:
@@ -148,7 +148,7 @@ def simulate_config(args: argparse.Namespace) -> SimulateConfig:
     ``--method``'s preset, with every option given on the command line over it (``--out`` over the
     file's out_dir). The server's precision follows ``--precision`` unless ``--aggregate-precision`` is
     given (its seed is the config's ``seed``, :class:`SimulateConfig` sees to that)."""
-    from server_kit.simulate import SimulateConfig
+    from server_kit.federation.simulate import SimulateConfig
 
     table = given_table(args, args.flags)
     dataset = table.pop("dataset", None)
@@ -192,7 +192,7 @@ def simulate_config(args: argparse.Namespace) -> SimulateConfig:
 
 
 def cmd_simulate(args: argparse.Namespace) -> Output:
-    from server_kit.simulate import simulate
+    from server_kit.federation.simulate import simulate
 
     config = simulate_config(args)
     _usable_here(config.device, config.aggregate.device)
@@ -215,7 +215,7 @@ def cmd_simulate(args: argparse.Namespace) -> Output:
 
 
 def cmd_personalize(args: argparse.Namespace) -> Output:
-    from server_kit.pke import PKEConfig, personalize_server
+    from server_kit.personalization.pke import PKEConfig, personalize_server
 
     config = config_from_dict(PKEConfig, given_table(args, args.flags), what="personalize options")
     result = personalize_server(
@@ -231,7 +231,7 @@ def cmd_personalize(args: argparse.Namespace) -> Output:
 
 
 def cmd_supernet(args: argparse.Namespace) -> Output:
-    from server_kit.supernet import SupernetConfig, supernet_from_bundles
+    from server_kit.personalization.supernet import SupernetConfig, supernet_from_bundles
 
     config = config_from_dict(SupernetConfig, given_table(args, args.flags), what="supernet options")
     report = supernet_from_bundles(
@@ -278,7 +278,7 @@ def cmd_init(args: argparse.Namespace) -> Output:
 
 
 def cmd_hetero_avg(args: argparse.Namespace) -> Output:
-    from server_kit.hetero_avg import hetero_fedavg
+    from server_kit.personalization.hetero_avg import hetero_fedavg
 
     report = hetero_fedavg(args.bundles, args.supernet, args.out)
     line = f"wrote {len(report['clients'])} personalised models and the aggregated supernet to {args.out}"
@@ -286,7 +286,7 @@ def cmd_hetero_avg(args: argparse.Namespace) -> Output:
 
 
 def cmd_report(args: argparse.Namespace) -> Output:
-    from server_kit.report import write_report
+    from server_kit.report.html import write_report
 
     path = write_report(args.run_dir)
     return Output({"wrote": str(path)}, [str(path)])
@@ -334,7 +334,7 @@ SIMULATE_COMMON = (
 
 
 def _build_simulate(p: argparse.ArgumentParser) -> None:
-    from server_kit.simulate import SimulateConfig
+    from server_kit.federation.simulate import SimulateConfig
 
     _config_file_args(p, "a federation's settings (nested tables: [search], [cvae], [aggregate], ...)")
     p.add_argument(
@@ -363,7 +363,7 @@ def _build_simulate(p: argparse.ArgumentParser) -> None:
 
 
 def _build_personalize(p: argparse.ArgumentParser) -> None:
-    from server_kit.pke import PKEConfig
+    from server_kit.personalization.pke import PKEConfig
 
     p.add_argument("bundles", nargs="+", help="the client bundles that were aggregated")
     p.add_argument("--aggregate", required=True, help="the `server-kit aggregate` output directory")
@@ -372,7 +372,7 @@ def _build_personalize(p: argparse.ArgumentParser) -> None:
 
 
 def _build_supernet(p: argparse.ArgumentParser) -> None:
-    from server_kit.supernet import SupernetConfig
+    from server_kit.personalization.supernet import SupernetConfig
 
     p.add_argument("bundles", nargs="+", help="classifier bundles (the teachers)")
     p.add_argument(

@@ -9,8 +9,8 @@ import torch
 
 from common.errors import ConfigError, DataError
 from server_kit.aggregate import SOURCES, Federation, label, synthesize, train_global
-from server_kit.labels import LabelConfig
-from server_kit.teachers import load_teachers
+from server_kit.labelling.labels import LabelConfig
+from server_kit.teachers.loading import load_teachers
 from tests.server_kit.test_aggregate import SHAPE, L, bundles, tiny_config  # noqa: F401
 
 
@@ -103,13 +103,13 @@ def test_train_global_distils_on_the_kept_samples_only(tmp_path, fed):
 
 
 def _tiny_generator():
-    from server_kit.generator import GeneratorConfig
+    from server_kit.synthesis.generator import GeneratorConfig
 
     return GeneratorConfig.preset(steps=2, batch_size=4, samples=10, width=4, nz=4)
 
 
 def test_adversarial_rounds_refine_the_student_and_leave_the_generator_alone(tmp_path, fed):
-    from server_kit.adversarial import AdversarialConfig
+    from server_kit.training.adversarial import AdversarialConfig
 
     rounds = AdversarialConfig(rounds=2, generator_steps=1, samples_per_round=8)
     config = tiny_config(synth=("inversion", "generator"), generator=_tiny_generator(), adversarial=rounds)
@@ -174,7 +174,7 @@ def _toy_synthesis(pool_counts: list[list[int]]):
     """10 'inversion' samples per class, of which classes 1 and 2 are drawn as class 0 (the vote drops
     them), then 2 decoder samples per class."""
     from server_kit.aggregate import DecoderPool, Synthesis
-    from server_kit.inversion import SyntheticSet
+    from server_kit.synthesis.inversion import SyntheticSet
 
     y_inv = torch.arange(L).repeat_interleave(10)
     shade = torch.full((len(y_inv),), 0.25)

@@ -78,9 +78,7 @@ from export.bundle import read_bundle
 from profiles import load_profile
 from server_kit.aggregate import AggregateConfig, aggregate
 from server_kit.evaluate import evaluate_onnx
-from server_kit.fusion import FusionConfig
-from server_kit.report import write_report
-from server_kit.resume import (
+from server_kit.federation.resume import (
     Verdict,
     client_verdict,
     partition_verdict,
@@ -88,7 +86,9 @@ from server_kit.resume import (
     refuse,
     uploads_of,
 )
-from server_kit.workers import worker_pool
+from server_kit.federation.workers import worker_pool
+from server_kit.report.html import write_report
+from server_kit.training.fusion import FusionConfig
 
 __all__ = [
     "RESUME_MODES",
@@ -224,7 +224,7 @@ class SimulateConfig:
         devices train cvae-small with the dataset's Table 3 settings (MNIST and Fashion at lr 3e-3, see
         :mod:`edge_sdk.cvae`); the server initialises the global model by FedAvg of the classifiers and
         fuses it on the filtered decoder samples with FedMHO-MD (the dataset's Table 3 global epochs and
-        learning rate, lambda 0.5, the ``conditioned`` teacher of :mod:`server_kit.fusion`; 12,000
+        learning rate, lambda 0.5, the ``conditioned`` teacher of :mod:`server_kit.training.fusion`; 12,000
         samples for EMNIST, 6,000 otherwise). ``aggregate=...`` replaces the server's settings whole
         (e.g. ``fusion`` mode sd).
         """
@@ -432,7 +432,8 @@ def _client_sizes(data_dir: Path, num_clients: int) -> list[int]:
 
 
 def _partition_verdict(config: SimulateConfig, data_dir: Path) -> Verdict:
-    """Whether ``data_dir`` holds this config's partition (:func:`server_kit.resume.partition_verdict`)."""
+    """Whether ``data_dir`` holds this config's partition
+    (:func:`server_kit.federation.resume.partition_verdict`)."""
     names = [f"{name}.npz" for name in _client_names(config.num_clients)] + ["test.npz"]
     return partition_verdict(data_dir, _partition_settings(config), names, config.resume)
 
@@ -544,7 +545,8 @@ def simulate(config: SimulateConfig) -> SimulateResult:
 
     with contextlib.ExitStack() as stack:
         # jobs > 1: the partition and every client run in worker processes forked from a fork server
-        # (see server_kit.workers), so this process never holds the dataset or a client's training garbage
+        # (see server_kit.federation.workers), so this process never holds the dataset or a client's training
+        # garbage
         pool = stack.enter_context(worker_pool(config.jobs)) if config.jobs > 1 else None
         with timed(seconds, "partition"):
             verdict = _partition_verdict(config, out / "data")

@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
-from server_kit.inversion import SyntheticSet
-from server_kit.labels import class_shares, consensus, teacher_probs
-from server_kit.parallel import map_teachers
+from server_kit.labelling.labels import class_shares, consensus, teacher_probs
+from server_kit.synthesis.inversion import SyntheticSet
+from server_kit.teachers.parallel import map_teachers
 
 __all__ = ["ClaimCheck", "verify_claims", "verify_decoders"]
 

@@ -1,6 +1,6 @@
 """Conditional-generator synthesis (FedKDG section 3.2, with DENSE's optional regularisers).
 
-Instead of optimising every pseudo-image (``server_kit.inversion``), the server trains one small
+Instead of optimising every pseudo-image (``server_kit.synthesis.inversion``), the server trains one small
 conditional generator G(z, y) against the frozen teacher ensemble and then samples as many images as it
 likes. The server knows only each client's label counts n_kc (they travel in the bundles), so:
 
@@ -46,9 +46,9 @@ from edge_sdk.precision import autocast, resolve_precision
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.onnx_export import export_decoder_onnx, read_metadata
 from export.weights import initializer_state_dict
-from server_kit.inversion import SyntheticSet
-from server_kit.labels import class_shares, held_classes
-from server_kit.teachers import batch_statistics_gap, batchnorm_layers
+from server_kit.labelling.labels import class_shares, held_classes
+from server_kit.synthesis.inversion import SyntheticSet
+from server_kit.teachers.loading import batch_statistics_gap, batchnorm_layers
 
 __all__ = [
     "ConditionalGenerator",
@@ -235,10 +235,12 @@ def label_weighted_ce(
 ) -> Tensor:
     """Mean over samples of the label-share-weighted teacher cross entropies (FedKDG's L_ce).
 
-    ``class_weights`` is K x L with w_kc = n_kc / sum_j n_jc (:func:`server_kit.labels.class_shares`),
+    ``class_weights`` is K x L with w_kc = n_kc / sum_j n_jc
+    (:func:`server_kit.labelling.labels.class_shares`),
     so for every label seen by some client the weights sum to 1 over teachers, and a teacher that never
     saw c contributes exactly nothing for c. One teacher holding every class gives plain cross entropy.
-    ``held`` (K x L bool, :func:`server_kit.labels.held_classes`) takes each teacher's softmax over its own
+    ``held`` (K x L bool, :func:`server_kit.labelling.labels.held_classes`) takes each teacher's softmax over
+    its own
     classes only.
     """
     if teacher_logits.ndim != 3:
@@ -255,7 +257,7 @@ def label_weighted_ce(
 
 def ensemble_ce(teacher_logits: Tensor, y: Tensor, class_weights: Tensor) -> Tensor:
     """Mean over samples of -log p_y, p the label-weighted ensemble p_c = sum_k w_kc softmax(T_k)_c
-    renormalised over c (the rule that is right on real images; see server_kit.labels)."""
+    renormalised over c (the rule that is right on real images; see server_kit.labelling.labels)."""
     probs = F.softmax(teacher_logits.float(), dim=2) * class_weights.to(teacher_logits).unsqueeze(1)
     total = probs.sum(dim=0)  # N x L
     log_p = total.clamp(min=1e-12).log() - total.sum(dim=1, keepdim=True).clamp(min=1e-12).log()
@@ -309,7 +311,8 @@ class _BatchNormMatch:
 def _ensemble_probs(
     teacher_logits: Tensor, y: Tensor, class_weights: Tensor, held: Tensor | None, tau: float
 ) -> Tensor:
-    """N x L conditioned ensemble (server_kit.labels' "conditioned" rule): teacher k weighted by its share
+    """N x L conditioned ensemble (server_kit.labelling.labels' "conditioned" rule): teacher k weighted by
+    its share
     of the sample's label y_n, its softmax over its held classes when ``held`` is given; rows sum to 1."""
     logits = teacher_logits / tau
     if held is not None:

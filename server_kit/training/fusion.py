@@ -16,7 +16,8 @@ Who the teacher is (``FusionConfig.teacher``):
   votes with its softmax (md: each classifier; sd: w_0, the average of them all, with their summed share);
   a decoder votes for y, the class it was asked to draw. Under label skew the mean teacher is wrong on the
   classes few classifiers hold (benchmarks/RESULTS.md, "FedMHO at the paper's numbers"); a teacher
-  that never saw y has weight 0 on y's samples, the same rule as ``server_kit.labels``' ``conditioned``.
+  that never saw y has weight 0 on y's samples, the same rule as ``server_kit.labelling.labels``'
+  ``conditioned``.
 - ``agreeing`` (ours, the default): ``conditioned``, with each classifier's share of y scaled by how much
   it recognises y on y's decoder samples (its mean probability of y there); the share it loses goes to
   the label y. It matters for sd: FedAvg can lose a class that one classifier held (w_0 then hardly
@@ -48,7 +49,7 @@ from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import fit
 from common.seeding import seeded
-from server_kit.labels import check_label_counts
+from server_kit.labelling.labels import check_label_counts
 
 __all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
 
@@ -169,7 +170,7 @@ def _logits(
     teachers: Sequence[nn.Module], x: Tensor, *, batch_size: int = 512, device: str | torch.device = "cpu"
 ) -> list[Tensor]:
     """Each teacher's N x L float32 logits on ``x``, on CPU (eval mode; training flags restored)."""
-    modules = [getattr(t, "module", t) for t in teachers]  # a server_kit.teachers.Teacher or a module
+    modules = [getattr(t, "module", t) for t in teachers]  # a server_kit.teachers.loading.Teacher or a module
     if not modules:
         raise ConfigError("the fusion teacher needs at least one classifier")
     dev = torch.device(device)

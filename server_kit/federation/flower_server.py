@@ -3,7 +3,8 @@
 One round, as ``server-kit simulate`` runs it but with the clients on Flower nodes:
 
 1. wait for ``num_clients`` nodes, ask each which client it is (``query``: its ``partition-id``);
-2. plan the clients exactly as :func:`server_kit.simulate.simulate` does (:func:`simulate.plan_clients`:
+2. plan the clients exactly as :func:`server_kit.federation.simulate.simulate` does
+(:func:`simulate.plan_clients`:
    profile, seed ``seed + k``, role, shared initial weights) and send each its
    :class:`edge_sdk.flower_client.FlowerTask` (``train``);
 3. hold every reply to the checks of a bundle file (:func:`check_reply`: the size bound before anything
@@ -12,7 +13,8 @@ One round, as ``server-kit simulate`` runs it but with the clients on Flower nod
 4. :func:`server_kit.aggregate.aggregate` on the accepted bundles in memory (named as simulate names its
    files, in client order; ``on_error="skip"``: an upload whose model fails the ONNX contract or the
    teacher probe is refused too), ``global.onnx`` and the accuracy on the dataset's test split;
-5. optionally (``personalize``) PKE packages (:func:`server_kit.pke.personalize_server`), each sent to
+5. optionally (``personalize``) PKE packages (:func:`server_kit.personalization.pke.personalize_server`),
+each sent to
    its device in a second message (``train.personalize``).
 
 The same federation knobs give the same clients, the same uploads and so the same ``global.onnx`` as
@@ -53,8 +55,8 @@ from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import MAX_BUNDLE_BYTES, bundle_from_bytes
 from profiles import load_profile
 from server_kit.aggregate import aggregate
-from server_kit.pke import PKEConfig, personalize_server
-from server_kit.simulate import SimulateConfig, plan_clients
+from server_kit.federation.simulate import SimulateConfig, plan_clients
+from server_kit.personalization.pke import PKEConfig, personalize_server
 
 __all__ = [
     "DEFAULT_MAX_BUNDLE_BYTES",
@@ -386,4 +388,6 @@ def make_server_app(config: FlowerServerConfig | None = None) -> ServerApp:
     return server
 
 
-app = make_server_app()  # `flwr run`: [tool.flwr.app.components] serverapp = "server_kit.flower_server:app"
+app = (
+    make_server_app()
+)  # `flwr run`: [tool.flwr.app.components] serverapp = "server_kit.federation.flower_server:app"

@@ -34,8 +34,8 @@ from torch import Tensor, nn
 from common.device import resolve_device
 from common.errors import ConfigError, ToolkitError
 from edge_sdk.precision import autocast, resolve_precision
-from server_kit.abstain import own_probability
-from server_kit.parallel import map_teachers
+from server_kit.teachers.abstain import own_probability
+from server_kit.teachers.parallel import map_teachers
 
 __all__ = [
     "LABEL_RULES",
@@ -186,7 +186,7 @@ def _probs_and_own(
     device: str | torch.device,
     precision: str = "auto",
 ) -> tuple[Tensor, Tensor | None]:
-    """:func:`teacher_probs` and, for a teacher that can abstain (:mod:`server_kit.abstain`), the N
+    """:func:`teacher_probs` and, for a teacher that can abstain (:mod:`server_kit.teachers.abstain`), the N
     float64 probability that each image is one of its classes (None for the others)."""
     if not tau > 0:
         raise ConfigError(f"tau must be > 0, got {tau}")

@@ -39,7 +39,7 @@ from export.onnx_export import read_metadata
 from export.package import Package, write_package
 from export.weights import initializer_state_dict
 from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
-from server_kit.teachers import Uploads, load_teachers
+from server_kit.teachers.loading import Uploads, load_teachers
 
 __all__ = ["PKEConfig", "PKEResult", "extractor_names", "personalize_server", "train_server_models"]
 
@@ -173,7 +173,8 @@ def personalize_server(
     """PKE for every classifier bundle; writes ``<client>.package`` per client and ``pke_report.json``.
 
     ``bundle_paths``: the bundle files, or name -> bytes (bundles that arrived as bytes, held to the checks
-    of a file, :func:`server_kit.teachers.read_uploads`). ``<client>`` is the stem of the file (the name),
+    of a file, :func:`server_kit.teachers.loading.read_uploads`). ``<client>`` is the stem of the file (the
+    name),
     made unique by :func:`export.bundle.client_names` (checked before anything is read or written), and is
     the package's ``client``.
 

@@ -1,0 +1,1 @@
+"""federation phase of the server pipeline."""

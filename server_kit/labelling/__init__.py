@@ -1,0 +1,1 @@
+"""labelling phase of the server pipeline."""

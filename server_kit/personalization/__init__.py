@@ -1,0 +1,1 @@
+"""personalization phase of the server pipeline."""

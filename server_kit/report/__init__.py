@@ -1,0 +1,1 @@
+"""report phase of the server pipeline."""

@@ -1,0 +1,1 @@
+"""synthesis phase of the server pipeline."""

@@ -1,0 +1,1 @@
+"""teachers phase of the server pipeline."""

@@ -1,0 +1,1 @@
+"""training phase of the server pipeline."""
