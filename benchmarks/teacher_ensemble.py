@@ -18,7 +18,8 @@ import torch
 from edge_sdk.data import load_client_data
 from edge_sdk.train import to_float
 from export.atomic import atomic_write_json
-from server_kit.labelling.labels import class_shares, consensus
+from server_kit.labelling.labels import consensus
+from server_kit.teachers.counts import class_shares
 from server_kit.teachers.loading import load_teachers
 
 

@@ -23,9 +23,9 @@ from edge_sdk import __version__
 from edge_sdk.cli import client_groups, cvae_config, search_classes, search_config
 
 if TYPE_CHECKING:  # annotations only: the CLI imports the server library when a sub-command runs
-    from server_kit.aggregate import AggregateConfig
-    from server_kit.federation.simulate import SimulateConfig
-    from server_kit.training.fusion import FusionConfig
+    from server_kit.aggregate_config import AggregateConfig
+    from server_kit.federation import SimulateConfig
+    from server_kit.training import FusionConfig
 
 __all__ = ["main"]
 
@@ -71,7 +71,7 @@ def _fusion(
 ) -> FusionConfig:
     """FedMHO's fusion from ``--fusion-preset`` and the ``--fusion-*`` fields given, over ``base``; its
     options without a mode (given, or the base's) are refused: fusion is off."""
-    from server_kit.training.fusion import FusionConfig
+    from server_kit.training import FusionConfig
 
     mode = given.get("mode", base.mode if base is not None else None)
     if mode is None:
@@ -89,7 +89,7 @@ def aggregate_config(
 ) -> AggregateConfig:
     """The server settings: ``--server-preset`` (or ``base``, else ``fast``) with the fields ``given``
     (a nested table, :func:`common.config_args.given_table`)."""
-    from server_kit.aggregate import AggregateConfig
+    from server_kit.aggregate_config import AggregateConfig
 
     if base is None or args.server_preset is not None:
         base = AggregateConfig.preset(args.server_preset or "fast")
@@ -114,7 +114,8 @@ def _usable_here(*devices: str) -> None:
 
 def cmd_aggregate(args: argparse.Namespace) -> Output:
     from edge_sdk.data import load_client_data
-    from server_kit.aggregate import AggregateConfig, aggregate
+    from server_kit.aggregate import aggregate
+    from server_kit.aggregate_config import AggregateConfig
 
     base = AggregateConfig.from_dict(read_config_file(args.config)) if args.config is not None else None
     config = aggregate_config(args, given_table(args, args.flags), base=base)
@@ -148,7 +149,7 @@ def simulate_config(args: argparse.Namespace) -> SimulateConfig:
     ``--method``'s preset, with every option given on the command line over it (``--out`` over the
     file's out_dir). The server's precision follows ``--precision`` unless ``--aggregate-precision`` is
     given (its seed is the config's ``seed``, :class:`SimulateConfig` sees to that)."""
-    from server_kit.federation.simulate import SimulateConfig
+    from server_kit.federation import SimulateConfig
 
     table = given_table(args, args.flags)
     dataset = table.pop("dataset", None)
@@ -192,7 +193,7 @@ def simulate_config(args: argparse.Namespace) -> SimulateConfig:
 
 
 def cmd_simulate(args: argparse.Namespace) -> Output:
-    from server_kit.federation.simulate import simulate
+    from server_kit.federation import simulate
 
     config = simulate_config(args)
     _usable_here(config.device, config.aggregate.device)
@@ -215,7 +216,7 @@ def cmd_simulate(args: argparse.Namespace) -> Output:
 
 
 def cmd_personalize(args: argparse.Namespace) -> Output:
-    from server_kit.personalization.pke import PKEConfig, personalize_server
+    from server_kit.personalization import PKEConfig, personalize_server
 
     config = config_from_dict(PKEConfig, given_table(args, args.flags), what="personalize options")
     result = personalize_server(
@@ -231,7 +232,7 @@ def cmd_personalize(args: argparse.Namespace) -> Output:
 
 
 def cmd_supernet(args: argparse.Namespace) -> Output:
-    from server_kit.personalization.supernet import SupernetConfig, supernet_from_bundles
+    from server_kit.personalization import SupernetConfig, supernet_from_bundles
 
     config = config_from_dict(SupernetConfig, given_table(args, args.flags), what="supernet options")
     report = supernet_from_bundles(
@@ -278,7 +279,7 @@ def cmd_init(args: argparse.Namespace) -> Output:
 
 
 def cmd_hetero_avg(args: argparse.Namespace) -> Output:
-    from server_kit.personalization.hetero_avg import hetero_fedavg
+    from server_kit.personalization import hetero_fedavg
 
     report = hetero_fedavg(args.bundles, args.supernet, args.out)
     line = f"wrote {len(report['clients'])} personalised models and the aggregated supernet to {args.out}"
@@ -286,7 +287,7 @@ def cmd_hetero_avg(args: argparse.Namespace) -> Output:
 
 
 def cmd_report(args: argparse.Namespace) -> Output:
-    from server_kit.report.html import write_report
+    from server_kit.report import write_report
 
     path = write_report(args.run_dir)
     return Output({"wrote": str(path)}, [str(path)])
@@ -307,7 +308,7 @@ def _config_file_args(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _build_aggregate(p: argparse.ArgumentParser) -> None:
-    from server_kit.aggregate import AggregateConfig
+    from server_kit.aggregate_config import AggregateConfig
 
     p.add_argument("bundles", nargs="+", help="client bundle files")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
@@ -334,7 +335,7 @@ SIMULATE_COMMON = (
 
 
 def _build_simulate(p: argparse.ArgumentParser) -> None:
-    from server_kit.federation.simulate import SimulateConfig
+    from server_kit.federation import SimulateConfig
 
     _config_file_args(p, "a federation's settings (nested tables: [search], [cvae], [aggregate], ...)")
     p.add_argument(
@@ -363,7 +364,7 @@ def _build_simulate(p: argparse.ArgumentParser) -> None:
 
 
 def _build_personalize(p: argparse.ArgumentParser) -> None:
-    from server_kit.personalization.pke import PKEConfig
+    from server_kit.personalization import PKEConfig
 
     p.add_argument("bundles", nargs="+", help="the client bundles that were aggregated")
     p.add_argument("--aggregate", required=True, help="the `server-kit aggregate` output directory")
@@ -372,7 +373,7 @@ def _build_personalize(p: argparse.ArgumentParser) -> None:
 
 
 def _build_supernet(p: argparse.ArgumentParser) -> None:
-    from server_kit.personalization.supernet import SupernetConfig
+    from server_kit.personalization import SupernetConfig
 
     p.add_argument("bundles", nargs="+", help="classifier bundles (the teachers)")
     p.add_argument(

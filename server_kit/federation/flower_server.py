@@ -56,7 +56,7 @@ from export.bundle import MAX_BUNDLE_BYTES, bundle_from_bytes
 from profiles import load_profile
 from server_kit.aggregate import aggregate
 from server_kit.federation.simulate import SimulateConfig, plan_clients
-from server_kit.personalization.pke import PKEConfig, personalize_server
+from server_kit.personalization import PKEConfig, personalize_server
 
 __all__ = [
     "DEFAULT_MAX_BUNDLE_BYTES",

@@ -76,7 +76,8 @@ from edge_sdk.train import release_memory
 from export.atomic import atomic_write_json, to_json
 from export.bundle import read_bundle
 from profiles import load_profile
-from server_kit.aggregate import AggregateConfig, aggregate
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
 from server_kit.evaluate import evaluate_onnx
 from server_kit.federation.resume import (
     Verdict,
@@ -87,8 +88,8 @@ from server_kit.federation.resume import (
     uploads_of,
 )
 from server_kit.federation.workers import worker_pool
-from server_kit.report.html import write_report
-from server_kit.training.fusion import FusionConfig
+from server_kit.report import write_report
+from server_kit.training import FusionConfig
 
 __all__ = [
     "RESUME_MODES",

@@ -32,7 +32,7 @@ from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle, client_names, read_bundle
 from export.onnx_export import export_onnx
 from export.weights import initializer_state_dict
-from server_kit.teachers.loading import declared_class_names
+from server_kit.teachers import declared_class_names
 
 __all__ = ["hetero_avg", "hetero_fedavg"]
 

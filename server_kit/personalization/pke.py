@@ -38,8 +38,8 @@ from export.bundle import client_names
 from export.onnx_export import read_metadata
 from export.package import Package, write_package
 from export.weights import initializer_state_dict
-from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
-from server_kit.teachers.loading import Uploads, load_teachers
+from server_kit.synthesis import SYNTHETIC_FILE, load_synthetic
+from server_kit.teachers import Uploads, load_teachers
 
 __all__ = ["PKEConfig", "PKEResult", "extractor_names", "personalize_server", "train_server_models"]
 

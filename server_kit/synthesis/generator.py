@@ -46,9 +46,8 @@ from edge_sdk.precision import autocast, resolve_precision
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.onnx_export import export_decoder_onnx, read_metadata
 from export.weights import initializer_state_dict
-from server_kit.labelling.labels import class_shares, held_classes
 from server_kit.synthesis.inversion import SyntheticSet
-from server_kit.teachers.loading import batch_statistics_gap, batchnorm_layers
+from server_kit.teachers import batch_statistics_gap, batchnorm_layers, class_shares, held_classes
 
 __all__ = [
     "ConditionalGenerator",
@@ -236,10 +235,10 @@ def label_weighted_ce(
     """Mean over samples of the label-share-weighted teacher cross entropies (FedKDG's L_ce).
 
     ``class_weights`` is K x L with w_kc = n_kc / sum_j n_jc
-    (:func:`server_kit.labelling.labels.class_shares`),
+    (:func:`server_kit.teachers.counts.class_shares`),
     so for every label seen by some client the weights sum to 1 over teachers, and a teacher that never
     saw c contributes exactly nothing for c. One teacher holding every class gives plain cross entropy.
-    ``held`` (K x L bool, :func:`server_kit.labelling.labels.held_classes`) takes each teacher's softmax over
+    ``held`` (K x L bool, :func:`server_kit.teachers.counts.held_classes`) takes each teacher's softmax over
     its own
     classes only.
     """

@@ -25,13 +25,8 @@ from torch import Tensor, nn
 from common.checks import check_int, is_number
 from common.errors import ConfigError
 from common.seeding import derive_seed
-from server_kit.labelling.labels import LabelConfig, label_synthetic
-from server_kit.synthesis.generator import (
-    ConditionalGenerator,
-    GeneratorConfig,
-    sample_generator,
-    train_generator,
-)
+from server_kit.labelling import LabelConfig, label_synthetic
+from server_kit.synthesis import ConditionalGenerator, GeneratorConfig, sample_generator, train_generator
 from server_kit.training.distill import DistillConfig, distill
 
 __all__ = ["AdversarialConfig", "adversarial_distill"]

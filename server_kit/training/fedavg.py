@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from common.errors import ConfigError
-from server_kit.teachers.loading import Teacher
+from server_kit.teachers import Teacher
 
 __all__ = ["WEIGHTINGS", "average_state_dicts", "fedavg_init"]
 

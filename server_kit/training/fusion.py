@@ -49,7 +49,7 @@ from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import fit
 from common.seeding import seeded
-from server_kit.labelling.labels import check_label_counts
+from server_kit.teachers import check_label_counts
 
 __all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
 

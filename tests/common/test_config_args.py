@@ -191,7 +191,7 @@ def test_every_field_of_the_commands_configs_has_a_flag():
     from edge_sdk.client import ClientConfig
     from edge_sdk.personalize import PersonalizeConfig
     from edge_sdk.search import STRATEGIES
-    from server_kit.aggregate import AggregateConfig
+    from server_kit.aggregate_config import AggregateConfig
     from server_kit.federation.simulate import SimulateConfig
     from server_kit.personalization.pke import PKEConfig
     from server_kit.personalization.supernet import SupernetConfig

@@ -15,8 +15,10 @@ from edge_sdk.arch import build_model
 from edge_sdk.data import ArrayDataset, deploy_metadata_for
 from export.bundle import Bundle, read_bundle, write_bundle
 from export.onnx_export import export_onnx, read_deploy, read_metadata, validate_onnx
-from server_kit.aggregate import SYNTHETIC_FILE, AggregateConfig, aggregate, load_synthetic
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
 from server_kit.labelling.labels import LabelConfig
+from server_kit.synthesis import SYNTHETIC_FILE, load_synthetic
 from server_kit.synthesis.inversion import InversionConfig
 from server_kit.teachers.loading import declared_class_names, teachers_from_bundles
 from server_kit.training.distill import DistillConfig

@@ -12,7 +12,7 @@ import pytest
 from common.device import resolve_device
 from common.errors import ConfigError
 from edge_sdk.precision import resolve_precision
-from server_kit.aggregate import AggregateConfig
+from server_kit.aggregate_config import AggregateConfig
 from server_kit.cli import main
 from server_kit.labelling.labels import LabelConfig
 from server_kit.training.adversarial import AdversarialConfig

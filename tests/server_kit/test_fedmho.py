@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from server_kit.aggregate import AggregateConfig, aggregate, load_synthetic
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
 from server_kit.cli import main
+from server_kit.synthesis import load_synthetic
 from server_kit.training.fusion import FusionConfig
 from tests.server_kit.test_aggregate import SHAPE, SPECS, L, _bundle, bundles, tiny_config  # noqa: F401
 from tests.server_kit.test_decoders import decoder_bundle

@@ -36,7 +36,7 @@ from edge_sdk.cvae import CVAEConfig  # noqa: E402
 from edge_sdk.strategies.baselines import FixedConfig  # noqa: E402
 from export.bundle import read_bundle  # noqa: E402
 from export.package import read_package  # noqa: E402
-from server_kit.aggregate import AggregateConfig  # noqa: E402
+from server_kit.aggregate_config import AggregateConfig  # noqa: E402
 from server_kit.federation import flower_server  # noqa: E402
 from server_kit.federation.flower_server import FlowerServerConfig, check_reply, make_server_app, run_round  # noqa: E402
 from server_kit.federation.simulate import SimulateConfig, simulate  # noqa: E402

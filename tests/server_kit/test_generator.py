@@ -13,7 +13,6 @@ from torch import nn
 from common.errors import ConfigError
 from edge_sdk.arch import build_model
 from export.onnx_export import onnx_session, read_metadata
-from server_kit.labelling.labels import class_shares, held_classes
 from server_kit.synthesis.generator import (
     NO_TEACHER,
     ConditionalGenerator,
@@ -28,6 +27,7 @@ from server_kit.synthesis.generator import (
     synthesize_generator,
     train_generator,
 )
+from server_kit.teachers.counts import class_shares, held_classes
 
 SHAPE = (1, 8, 8)
 L = 3

@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 from common.errors import ConfigError, DataError
-from server_kit.aggregate import AggregateConfig, aggregate
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
 from server_kit.federation.simulate import SimulateConfig, simulate
 from server_kit.report.html import REPORT_FILE, read_run, write_report
 

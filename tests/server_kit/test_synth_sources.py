@@ -5,7 +5,8 @@ import json
 import pytest
 
 from common.errors import ConfigError
-from server_kit.aggregate import AggregateConfig, aggregate
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
 from server_kit.synthesis.generator import GeneratorConfig
 from tests.server_kit.test_aggregate import bundles, tiny_config  # noqa: F401  (fixture reuse)
 
