@@ -77,6 +77,7 @@ def aggregate(
     config: AggregateConfig,
     eval_data: ArrayDataset | None = None,
     progress: bool = False,
+    device: torch.device | None = None,
 ) -> AggregateResult:
     """Run the server side end to end and write its outputs into ``out_dir`` (see the module docstring).
 
@@ -85,6 +86,7 @@ def aggregate(
     report by its name. Bad bundles stop the run or are skipped with their reason (``config.on_error``);
     bundles that disagree on num_classes / input_shape with the majority are refused. ``eval_data`` (uint8
     images, the global test set) is used only to report the accuracy of the written ``global.onnx``.
+    ``device``: ``config.device`` as the caller already resolved it (once per run; None: resolved here).
     """
     out = Path(out_dir)
     for name in WORK_DIRS:  # before any work: a link left there would take the files elsewhere
@@ -96,7 +98,8 @@ def aggregate(
     workers = config.threads or min(previous_threads, allowed_cores())
     try:
         with teacher_workers(workers):
-            return _run(bundle_paths, out, config, eval_data, progress)
+            resolved = resolve_device(config.device) if device is None else device
+            return _run(bundle_paths, out, config, eval_data, progress, resolved)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -143,8 +146,8 @@ def _run(
     config: AggregateConfig,
     eval_data: ArrayDataset | None,
     progress: bool,
+    device: torch.device,  # the run's one device: every phase computes on fed.device
 ) -> AggregateResult:
-    device = resolve_device(config.device)  # the run's one device: every phase computes on fed.device
     seconds: dict[str, float] = {}
     started_at = time.time()  # phases follow in the order of ``seconds`` (benchmarks/speed.py)
     wall = time.perf_counter()
@@ -214,7 +217,7 @@ def _report(
 ) -> dict[str, Any]:
     """``report.json`` less the timings and the output names (its keys are written sorted)."""
     return {
-        "config": config.to_dict(),
+        "config": config.to_dict(device),
         "seed": config.seed,
         "device": str(device),
         "threads": torch.get_num_threads(),

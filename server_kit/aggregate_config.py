@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from common.checks import from_preset, is_number
 from common.configs import config_from_dict
 from common.device import check_device, resolve_device
@@ -303,7 +305,9 @@ class AggregateConfig:
         wanted = ("inversion", "generator", "decoder") if has_decoders else ("inversion", "generator")
         return tuple(name for name in SOURCES if name in wanted)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, device: torch.device | None = None) -> dict[str, Any]:
+        """The config as JSON, with the precision that runs on ``device`` (the run's resolved device;
+        None: this config's device, resolved for the record)."""
         out = asdict(self)
         out["inversion"] = self.inversion.to_dict()
         out["generator"] = self.generator.to_dict()
@@ -312,7 +316,8 @@ class AggregateConfig:
         out["fusion"] = None if self.fusion is None else self.fusion.to_dict()
         out["labels"] = self.labels.to_dict()
         out["adversarial"] = None if self.adversarial is None else self.adversarial.to_dict()
-        out["precision"] = resolve_precision(self.precision, resolve_device(self.device))  # what ran
+        device = resolve_device(self.device) if device is None else device
+        out["precision"] = resolve_precision(self.precision, device)  # what ran
         return out
 
     @classmethod

@@ -256,39 +256,10 @@ def run_round(grid: Grid, config: FlowerServerConfig) -> FlowerResult:
         clients = _identify(grid, nodes, fed.num_clients, config.timeout_s, refused)
     test = load_dataset(fed.dataset, fed.data_root, split="test")
     plan = plan_clients(fed, test)
-    init = plan.init.read_bytes() if plan.init is not None else None
     names = {node: client_name(k, fed.num_clients) for node, k in clients.items()}
 
     with timed(seconds, "clients"):
-        messages = []
-        for node, k in clients.items():
-            task = FlowerTask(
-                client=dataclasses.replace(plan.configs[k], init=None),
-                profile=load_profile(plan.profiles[k]),
-                partition=partition,
-                data_root=fed.data_root,
-                init=init if plan.configs[k].init is not None else None,
-            )
-            messages.append(Message(task.to_content(), dst_node_id=node, message_type=MessageType.TRAIN))
-        uploads_of: dict[int, dict[str, bytes]] = {}
-        for reply in grid.send_and_receive(messages, timeout=config.timeout_s):
-            node = reply.metadata.src_node_id
-            if node not in clients:
-                log.warning("a reply from node %d, which was sent no task, is ignored", node)
-                continue
-            try:
-                uploads_of[node] = check_reply(reply, name=names[node], max_bytes=config.max_bundle_bytes)
-            except BundleError as err:
-                log.warning("%s (node %d) refused: %s", names[node], node, err)
-                refused.append(Refusal(names[node], node, str(err)))
-                continue
-            for file, data in uploads_of[node].items():  # what was accepted, kept as simulate keeps it
-                atomic_write_bytes(out / "clients" / file, data)
-        for node in clients:
-            if node not in uploads_of and all(r.node_id != node for r in refused):
-                reason = f"no reply within timeout_s {config.timeout_s:g}"
-                log.warning("%s (node %d) refused: %s", names[node], node, reason)
-                refused.append(Refusal(names[node], node, reason))
+        uploads_of = _train_round(grid, config, plan, clients, names, partition, refused)
     if not uploads_of:
         raise TeacherError(
             f"no device replied with a valid upload ({len(refused)} refused: "
@@ -338,6 +309,51 @@ def run_round(grid: Grid, config: FlowerServerConfig) -> FlowerResult:
         },
     )
     return result
+
+
+def _train_round(
+    grid: Grid,
+    config: FlowerServerConfig,
+    plan: Any,
+    clients: dict[int, int],
+    names: dict[int, str],
+    partition: dict[str, Any],
+    refused: list[Refusal],
+) -> dict[int, dict[str, bytes]]:
+    """Send each identified node its client's task and collect the replies: each held to a bundle file's
+    checks and kept as simulate keeps its files, a bad or missing one refused (the round goes on)."""
+    fed, out = config.federation, config.federation.out_dir
+    init = plan.init.read_bytes() if plan.init is not None else None
+    messages = []
+    for node, k in clients.items():
+        task = FlowerTask(
+            client=dataclasses.replace(plan.configs[k], init=None),
+            profile=load_profile(plan.profiles[k]),
+            partition=partition,
+            data_root=fed.data_root,
+            init=init if plan.configs[k].init is not None else None,
+        )
+        messages.append(Message(task.to_content(), dst_node_id=node, message_type=MessageType.TRAIN))
+    uploads_of: dict[int, dict[str, bytes]] = {}
+    for reply in grid.send_and_receive(messages, timeout=config.timeout_s):
+        node = reply.metadata.src_node_id
+        if node not in clients:
+            log.warning("a reply from node %d, which was sent no task, is ignored", node)
+            continue
+        try:
+            uploads_of[node] = check_reply(reply, name=names[node], max_bytes=config.max_bundle_bytes)
+        except BundleError as err:
+            log.warning("%s (node %d) refused: %s", names[node], node, err)
+            refused.append(Refusal(names[node], node, str(err)))
+            continue
+        for file, data in uploads_of[node].items():  # what was accepted, kept as simulate keeps it
+            atomic_write_bytes(out / "clients" / file, data)
+    for node in clients:
+        if node not in uploads_of and all(r.node_id != node for r in refused):
+            reason = f"no reply within timeout_s {config.timeout_s:g}"
+            log.warning("%s (node %d) refused: %s", names[node], node, reason)
+            refused.append(Refusal(names[node], node, reason))
+    return uploads_of
 
 
 def _personalize(

@@ -482,36 +482,11 @@ def train_generator(
         for _ in range(steps):
             y = torch.multinomial(label_probs, config.batch_size, replacement=True, generator=stream).to(dev)
             z = torch.randn((config.batch_size, config.nz), generator=stream).to(dev)
-            x = generator(z, y)  # B x C x H x W
-            with autocast(precision, dev):
-                logits = torch.stack([m(x) for m in modules]).float()  # K x B x L
-            per_sample = _weighted_ce_per_sample(logits, y, weights, held)  # B
-            kept = 1.0
-            if config.filter_during_training and config.filter_fraction > 0:
-                (grad,) = torch.autograd.grad(per_sample.sum(), x, retain_graph=True)
-                keep = filter_noisy(
-                    _min_max(torch.linalg.vector_norm(grad.flatten(1), dim=1)), config.filter_fraction
-                )
-                per_sample, kept = per_sample[keep], float(keep.float().mean())
-            ce = per_sample.mean()
-            zero = ce.new_zeros(())
-            div = diversity_loss(x, z, y) if config.div_weight > 0 else zero
-            ens = ensemble_ce(logits, y, weights) if config.ens_weight > 0 else zero
-            bn_term = bn_match.pop() if bn_match is not None else None
-            bn = bn_term if bn_term is not None else zero  # None: the teachers have no BatchNorm
-            adv = zero
-            if adversary is not None:
-                with autocast(precision, dev):
-                    student_logits = adversary(x).float()
-                adv = _adversarial_loss(
-                    student_logits, _ensemble_probs(logits, y, weights, held, config.tau), config.tau
-                )
-            total = (
-                config.ce_weight * ce + config.div_weight * div + config.bn_weight * bn
-                + config.adv_weight * adv + config.ens_weight * ens
-            )  # fmt: skip
+            total, terms, kept = _losses(
+                generator, modules, adversary, bn_match, y, z, weights, held, config, (precision, dev)
+            )
             step(optimizer, total)
-            values = torch.stack([total, ce, div, bn, adv, ens]).detach().cpu().tolist()  # one sync a step
+            values = torch.stack([total, *terms]).detach().cpu().tolist()  # one sync a step
             names = ("total", "ce", "div", "bn", "adv", "ens")
             losses.append({**dict(zip(names, values, strict=True)), "kept": kept})
             if bar is not None:
@@ -520,6 +495,52 @@ def train_generator(
     if bar is not None:
         bar.close()
     return generator.eval(), losses
+
+
+def _losses(
+    generator: ConditionalGenerator,
+    modules: Sequence[nn.Module],
+    adversary: nn.Module | None,
+    bn_match: _BatchNormMatch | None,
+    y: Tensor,
+    z: Tensor,
+    weights: Tensor,
+    held: Tensor | None,
+    config: GeneratorConfig,
+    where: tuple[str, torch.device],
+) -> tuple[Tensor, list[Tensor], float]:
+    """One step's weighted total, its terms (ce, div, bn, adv, ens) and the share of the batch the
+    in-training filter kept."""
+    precision, dev = where
+    x = generator(z, y)  # B x C x H x W
+    with autocast(precision, dev):
+        logits = torch.stack([m(x) for m in modules]).float()  # K x B x L
+    per_sample = _weighted_ce_per_sample(logits, y, weights, held)  # B
+    kept = 1.0
+    if config.filter_during_training and config.filter_fraction > 0:
+        (grad,) = torch.autograd.grad(per_sample.sum(), x, retain_graph=True)
+        keep = filter_noisy(
+            _min_max(torch.linalg.vector_norm(grad.flatten(1), dim=1)), config.filter_fraction
+        )
+        per_sample, kept = per_sample[keep], float(keep.float().mean())
+    ce = per_sample.mean()
+    zero = ce.new_zeros(())
+    div = diversity_loss(x, z, y) if config.div_weight > 0 else zero
+    ens = ensemble_ce(logits, y, weights) if config.ens_weight > 0 else zero
+    bn_term = bn_match.pop() if bn_match is not None else None
+    bn = bn_term if bn_term is not None else zero  # None: the teachers have no BatchNorm
+    adv = zero
+    if adversary is not None:
+        with autocast(precision, dev):
+            student_logits = adversary(x).float()
+        adv = _adversarial_loss(
+            student_logits, _ensemble_probs(logits, y, weights, held, config.tau), config.tau
+        )
+    total = (
+        config.ce_weight * ce + config.div_weight * div + config.bn_weight * bn
+        + config.adv_weight * adv + config.ens_weight * ens
+    )  # fmt: skip
+    return total, [ce, div, bn, adv, ens], kept
 
 
 @torch.no_grad()
