@@ -20,7 +20,7 @@ from common.config_args import Flag, add_config_args, given_options, given_table
 from common.configs import config_from_dict, read_config_file
 from common.errors import ConfigError
 from edge_sdk import __version__
-from edge_sdk.cli import client_groups, cvae_config, search_classes, search_config
+from edge_sdk.options import client_groups, cvae_config, search_classes, search_config
 
 if TYPE_CHECKING:  # annotations only: the CLI imports the server library when a sub-command runs
     from server_kit.aggregate_config import AggregateConfig
