@@ -221,14 +221,14 @@ def test_every_field_of_the_commands_configs_has_a_flag():
 
 def test_a_new_field_shows_up_as_a_flag_without_a_cli_edit(monkeypatch):
     """A field added to a config (here: a subclass put in its place) is a flag of the command."""
-    import server_kit.personalization.pke
-    from server_kit.personalization.pke import PKEConfig
+    import server_kit.personalization
+    from server_kit.personalization import PKEConfig
 
     @dataclass(frozen=True, kw_only=True)
     class Extended(PKEConfig):
         warmup_epochs: int = 0  # epochs before the proximal term weighs in
 
-    monkeypatch.setattr(server_kit.personalization.pke, "PKEConfig", Extended)
+    monkeypatch.setattr(server_kit.personalization, "PKEConfig", Extended)  # where the CLI takes it from
     args = build_parser().parse_args(
         ["personalize", "b", "--aggregate", "a", "--out", "o", "--warmup-epochs", "2"]
     )
