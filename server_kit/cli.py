@@ -104,12 +104,12 @@ def aggregate_config(
     return config_from_dict(AggregateConfig, table, what="aggregate options", base=base)
 
 
-def _usable_here(*devices: str) -> None:
-    """Each device is on this machine (CUDA where asked): checked before --print-config or any work."""
+def _usable_here(*devices: str) -> list[Any]:  # -> list[torch.device]
+    """Each device resolved on this machine (CUDA where asked): checked before --print-config or any work,
+    and passed on where the run takes a resolved one."""
     from common.device import resolve_device
 
-    for device in devices:
-        resolve_device(device)
+    return [resolve_device(device) for device in devices]
 
 
 def cmd_aggregate(args: argparse.Namespace) -> Output:
@@ -119,11 +119,13 @@ def cmd_aggregate(args: argparse.Namespace) -> Output:
 
     base = AggregateConfig.from_dict(read_config_file(args.config)) if args.config is not None else None
     config = aggregate_config(args, given_table(args, args.flags), base=base)
-    _usable_here(config.device)
+    (device,) = _usable_here(config.device)
     if args.print_config:  # JSON in both formats: --config reads it back from a .json file
-        return Output(config.to_dict(), [json_text(config.to_dict())])
+        return Output(config.to_dict(device), [json_text(config.to_dict(device))])
     eval_data = load_client_data(args.eval) if args.eval else None
-    result = aggregate(args.bundles, args.out, config=config, eval_data=eval_data, progress=not args.quiet)
+    result = aggregate(
+        args.bundles, args.out, config=config, eval_data=eval_data, progress=not args.quiet, device=device
+    )
     print_skipped(result.report["skipped"])
     acc = "" if result.accuracy is None else f"; test accuracy {result.accuracy:.4f}"
     data = {
