@@ -1,6 +1,6 @@
 """Conditional-generator synthesis (FedKDG section 3.2, with DENSE's optional regularisers).
 
-Instead of optimising every pseudo-image (``server_kit.inversion``), the server trains one small
+Instead of optimising every pseudo-image (``server_kit.synthesis.inversion``), the server trains one small
 conditional generator G(z, y) against the frozen teacher ensemble and then samples as many images as it
 likes. The server knows only each client's label counts n_kc (they travel in the bundles), so:
 
@@ -46,9 +46,8 @@ from edge_sdk.precision import autocast, resolve_precision
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.onnx_export import export_decoder_onnx, read_metadata
 from export.weights import initializer_state_dict
-from server_kit.inversion import SyntheticSet
-from server_kit.labels import class_shares, held_classes
-from server_kit.teachers import batch_statistics_gap, batchnorm_layers
+from server_kit.synthesis.inversion import SyntheticSet
+from server_kit.teachers import batch_statistics_gap, batchnorm_layers, class_shares, held_classes
 
 __all__ = [
     "ConditionalGenerator",
@@ -235,10 +234,12 @@ def label_weighted_ce(
 ) -> Tensor:
     """Mean over samples of the label-share-weighted teacher cross entropies (FedKDG's L_ce).
 
-    ``class_weights`` is K x L with w_kc = n_kc / sum_j n_jc (:func:`server_kit.labels.class_shares`),
+    ``class_weights`` is K x L with w_kc = n_kc / sum_j n_jc
+    (:func:`server_kit.teachers.counts.class_shares`),
     so for every label seen by some client the weights sum to 1 over teachers, and a teacher that never
     saw c contributes exactly nothing for c. One teacher holding every class gives plain cross entropy.
-    ``held`` (K x L bool, :func:`server_kit.labels.held_classes`) takes each teacher's softmax over its own
+    ``held`` (K x L bool, :func:`server_kit.teachers.counts.held_classes`) takes each teacher's softmax over
+    its own
     classes only.
     """
     if teacher_logits.ndim != 3:
@@ -255,7 +256,7 @@ def label_weighted_ce(
 
 def ensemble_ce(teacher_logits: Tensor, y: Tensor, class_weights: Tensor) -> Tensor:
     """Mean over samples of -log p_y, p the label-weighted ensemble p_c = sum_k w_kc softmax(T_k)_c
-    renormalised over c (the rule that is right on real images; see server_kit.labels)."""
+    renormalised over c (the rule that is right on real images; see server_kit.labelling.labels)."""
     probs = F.softmax(teacher_logits.float(), dim=2) * class_weights.to(teacher_logits).unsqueeze(1)
     total = probs.sum(dim=0)  # N x L
     log_p = total.clamp(min=1e-12).log() - total.sum(dim=1, keepdim=True).clamp(min=1e-12).log()
@@ -309,7 +310,8 @@ class _BatchNormMatch:
 def _ensemble_probs(
     teacher_logits: Tensor, y: Tensor, class_weights: Tensor, held: Tensor | None, tau: float
 ) -> Tensor:
-    """N x L conditioned ensemble (server_kit.labels' "conditioned" rule): teacher k weighted by its share
+    """N x L conditioned ensemble (server_kit.labelling.labels' "conditioned" rule): teacher k weighted by
+    its share
     of the sample's label y_n, its softmax over its held classes when ``held`` is given; rows sum to 1."""
     logits = teacher_logits / tau
     if held is not None:
@@ -480,36 +482,11 @@ def train_generator(
         for _ in range(steps):
             y = torch.multinomial(label_probs, config.batch_size, replacement=True, generator=stream).to(dev)
             z = torch.randn((config.batch_size, config.nz), generator=stream).to(dev)
-            x = generator(z, y)  # B x C x H x W
-            with autocast(precision, dev):
-                logits = torch.stack([m(x) for m in modules]).float()  # K x B x L
-            per_sample = _weighted_ce_per_sample(logits, y, weights, held)  # B
-            kept = 1.0
-            if config.filter_during_training and config.filter_fraction > 0:
-                (grad,) = torch.autograd.grad(per_sample.sum(), x, retain_graph=True)
-                keep = filter_noisy(
-                    _min_max(torch.linalg.vector_norm(grad.flatten(1), dim=1)), config.filter_fraction
-                )
-                per_sample, kept = per_sample[keep], float(keep.float().mean())
-            ce = per_sample.mean()
-            zero = ce.new_zeros(())
-            div = diversity_loss(x, z, y) if config.div_weight > 0 else zero
-            ens = ensemble_ce(logits, y, weights) if config.ens_weight > 0 else zero
-            bn_term = bn_match.pop() if bn_match is not None else None
-            bn = bn_term if bn_term is not None else zero  # None: the teachers have no BatchNorm
-            adv = zero
-            if adversary is not None:
-                with autocast(precision, dev):
-                    student_logits = adversary(x).float()
-                adv = _adversarial_loss(
-                    student_logits, _ensemble_probs(logits, y, weights, held, config.tau), config.tau
-                )
-            total = (
-                config.ce_weight * ce + config.div_weight * div + config.bn_weight * bn
-                + config.adv_weight * adv + config.ens_weight * ens
-            )  # fmt: skip
+            total, terms, kept = _losses(
+                generator, modules, adversary, bn_match, y, z, weights, held, config, (precision, dev)
+            )
             step(optimizer, total)
-            values = torch.stack([total, ce, div, bn, adv, ens]).detach().cpu().tolist()  # one sync a step
+            values = torch.stack([total, *terms]).detach().cpu().tolist()  # one sync a step
             names = ("total", "ce", "div", "bn", "adv", "ens")
             losses.append({**dict(zip(names, values, strict=True)), "kept": kept})
             if bar is not None:
@@ -518,6 +495,52 @@ def train_generator(
     if bar is not None:
         bar.close()
     return generator.eval(), losses
+
+
+def _losses(
+    generator: ConditionalGenerator,
+    modules: Sequence[nn.Module],
+    adversary: nn.Module | None,
+    bn_match: _BatchNormMatch | None,
+    y: Tensor,
+    z: Tensor,
+    weights: Tensor,
+    held: Tensor | None,
+    config: GeneratorConfig,
+    where: tuple[str, torch.device],
+) -> tuple[Tensor, list[Tensor], float]:
+    """One step's weighted total, its terms (ce, div, bn, adv, ens) and the share of the batch the
+    in-training filter kept."""
+    precision, dev = where
+    x = generator(z, y)  # B x C x H x W
+    with autocast(precision, dev):
+        logits = torch.stack([m(x) for m in modules]).float()  # K x B x L
+    per_sample = _weighted_ce_per_sample(logits, y, weights, held)  # B
+    kept = 1.0
+    if config.filter_during_training and config.filter_fraction > 0:
+        (grad,) = torch.autograd.grad(per_sample.sum(), x, retain_graph=True)
+        keep = filter_noisy(
+            _min_max(torch.linalg.vector_norm(grad.flatten(1), dim=1)), config.filter_fraction
+        )
+        per_sample, kept = per_sample[keep], float(keep.float().mean())
+    ce = per_sample.mean()
+    zero = ce.new_zeros(())
+    div = diversity_loss(x, z, y) if config.div_weight > 0 else zero
+    ens = ensemble_ce(logits, y, weights) if config.ens_weight > 0 else zero
+    bn_term = bn_match.pop() if bn_match is not None else None
+    bn = bn_term if bn_term is not None else zero  # None: the teachers have no BatchNorm
+    adv = zero
+    if adversary is not None:
+        with autocast(precision, dev):
+            student_logits = adversary(x).float()
+        adv = _adversarial_loss(
+            student_logits, _ensemble_probs(logits, y, weights, held, config.tau), config.tau
+        )
+    total = (
+        config.ce_weight * ce + config.div_weight * div + config.bn_weight * bn
+        + config.adv_weight * adv + config.ens_weight * ens
+    )  # fmt: skip
+    return total, [ce, div, bn, adv, ens], kept
 
 
 @torch.no_grad()

@@ -5,7 +5,8 @@ own classes for any image. A device that trains with ``unknown_output`` (see :mo
 adds an output for "none of my classes", learnt from corrupted copies of its own images. On the server
 such a teacher is wrapped so every phase sees the usual ``num_classes`` logits (inversion, the generator,
 distillation need nothing new), while the vote also asks it how sure it is that a sample is one of its
-classes, ``p_own = 1 - softmax(logits)[unknown]``, and weighs its vote by that (:mod:`server_kit.labels`).
+classes, ``p_own = 1 - softmax(logits)[unknown]``, and weighs its vote by that
+(:mod:`server_kit.labelling.labels`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Multi-teacher distillation into the student (pFedZKD section 3.3.3, Algorithm 4).
 
-The soft targets come from :mod:`server_kit.labels` (how the teachers' votes are combined); the student
+The soft targets come from :mod:`server_kit.labelling.labels` (how the teachers' votes are combined); the
+student
 minimises KL(targets || softmax(student / tau)) over the synthetic set.
 """
 

@@ -38,8 +38,8 @@ from export.bundle import client_names
 from export.onnx_export import read_metadata
 from export.package import Package, write_package
 from export.weights import initializer_state_dict
-from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
-from server_kit.teachers import Uploads, load_teachers
+from server_kit.synthesis import SYNTHETIC_FILE, load_synthetic
+from server_kit.teachers import Teacher, Uploads, load_teachers
 
 __all__ = ["PKEConfig", "PKEResult", "extractor_names", "personalize_server", "train_server_models"]
 
@@ -93,6 +93,7 @@ def train_server_models(
     *,
     config: PKEConfig,
     progress: bool = False,
+    device: torch.device | None = None,
 ) -> list[list[float]]:
     """Train server model n on (x, knowledge[n]) with L1 + mu * ||w_n^f - w_mean^f||^2 (Eq. 5).
 
@@ -104,7 +105,7 @@ def train_server_models(
             f"need one knowledge tensor per server model, got {len(knowledge)} for {len(models)}"
         )
     names = extractor_names(models[0])
-    device = resolve_device(config.device)
+    device = resolve_device(config.device) if device is None else device  # the caller's, resolved once
     gen = torch.Generator().manual_seed(config.seed)
     x = x.to(device)
     optimizers = [torch.optim.Adam(m.to(device).parameters(), lr=config.lr) for m in models]
@@ -173,7 +174,8 @@ def personalize_server(
     """PKE for every classifier bundle; writes ``<client>.package`` per client and ``pke_report.json``.
 
     ``bundle_paths``: the bundle files, or name -> bytes (bundles that arrived as bytes, held to the checks
-    of a file, :func:`server_kit.teachers.read_uploads`). ``<client>`` is the stem of the file (the name),
+    of a file, :func:`server_kit.teachers.loading.read_uploads`). ``<client>`` is the stem of the file (the
+    name),
     made unique by :func:`export.bundle.client_names` (checked before anything is read or written), and is
     the package's ``client``.
 
@@ -187,71 +189,25 @@ def personalize_server(
             raise DataError(f"{path} not found; pass the output directory of `server-kit aggregate`")
     sources = list(bundle_paths)  # the paths, or the names of the bytes
     names = {Path(p).resolve(): name for p, name in zip(sources, client_names(sources), strict=True)}
+    device = resolve_device(config.device)  # once for the run: loading, knowledge and training
     seconds: dict[str, float] = {}
     with timed(seconds, "load"):
-        teachers, skipped = load_teachers(bundle_paths, device=config.device)
-        global_bytes = global_path.read_bytes()
-        meta = read_metadata(global_bytes)
-        arch = meta.get("arch")
-        if not arch:
-            raise DataError(f"{global_path} has no arch metadata; it was not written by server-kit aggregate")
-        input_shape = tuple(teachers[0].bundle.input_shape)
-        num_classes = teachers[0].bundle.num_classes
-        template = build_model(arch, input_shape, num_classes)  # type: ignore[arg-type]
-        global_state = initializer_state_dict(global_bytes, template)
-        synthetic = load_synthetic(synthetic_path)
-        if tuple(synthetic.x.shape[1:]) != input_shape:
-            raise DataError(
-                f"synthetic set is {tuple(synthetic.x.shape[1:])} but the teachers take {input_shape}"
-            )
-        keep = torch.randperm(len(synthetic), generator=torch.Generator().manual_seed(config.seed))
-        x = synthetic.x[keep[: config.max_inputs].sort().values]  # N x C x H x W, multiples of 1/255
-        generator_path = agg / "generator" / "generator.onnx"
-        generator_bytes = generator_path.read_bytes() if generator_path.is_file() else None
-        device = resolve_device(config.device)
+        inputs = _load_inputs(bundle_paths, agg, config, device)
+        x, teachers = inputs.x, inputs.teachers
         knowledge = [_logits(t.module.to(device), x.to(device)).cpu() for t in teachers]  # Z_n: N x L each
 
     with timed(seconds, "pke"):
         models = []
         for _ in teachers:
-            model = build_model(arch, input_shape, num_classes)  # type: ignore[arg-type]
-            model.load_state_dict(global_state)
+            model = build_model(inputs.arch, inputs.input_shape, inputs.num_classes)
+            model.load_state_dict(inputs.global_state)
             models.append(model)
-        curves = train_server_models(models, x, knowledge, config=config, progress=progress)
+        curves = train_server_models(models, x, knowledge, config=config, progress=progress, device=device)
         server_knowledge = [_logits(m, x.to(device)).cpu() for m in models]  # Z_n^s
 
     with timed(seconds, "write"):
-        x_uint8 = (x * 255).round().to(torch.uint8).numpy()
-        knobs = {"mu": float(config.mu), "epochs": config.epochs, "lr": float(config.lr), "inputs": len(x)}
-        paths, rows = [], []
-        for teacher, zs, z, curve in zip(teachers, server_knowledge, knowledge, curves, strict=True):
-            client = names[Path(teacher.path).resolve()]  # type: ignore[arg-type]
-            package = Package(
-                client=client,
-                client_sha256=teacher.bundle.model_sha256,
-                global_onnx=global_bytes,
-                global_arch=arch,
-                num_classes=num_classes,
-                input_shape=input_shape,  # type: ignore[arg-type]
-                inputs=x_uint8,
-                knowledge=zs.numpy().astype(np.float32),
-                generator_onnx=generator_bytes,
-                knobs=knobs,
-                seed=config.seed,
-            )
-            path = write_package(package, out / f"{client}.package")
-            paths.append(path)
-            rows.append(
-                {
-                    "client": client,
-                    "package": path.name,
-                    "size_bytes": path.stat().st_size,
-                    "l1_curve": curve,
-                    # how far the personalised knowledge moved from the client's own (0 = a copy of it)
-                    "l1_to_client_knowledge": float(F.l1_loss(zs, z)),
-                    "agreement_with_client": float((zs.argmax(1) == z.argmax(1)).float().mean()),
-                }
-            )
+        paths, rows = _write_packages(inputs, names, server_knowledge, knowledge, curves, config, out)
+    arch, generator_bytes, skipped = inputs.arch, inputs.generator_bytes, inputs.skipped
     report = {
         "config": config.to_dict(),
         "global_arch": arch,
@@ -263,3 +219,100 @@ def personalize_server(
     }
     report_path = atomic_write_json(out / "pke_report.json", report)
     return PKEResult(tuple(paths), report_path, seconds, report)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What PKE starts from: the teachers, the global model (bytes, arch, weights), the task's shape, the
+    synthetic inputs it distils on and the generator a package ships when there is one."""
+
+    teachers: list[Teacher]
+    skipped: list[tuple[str, str]]
+    global_bytes: bytes
+    arch: str
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    global_state: dict[str, Tensor]
+    x: Tensor
+    generator_bytes: bytes | None
+
+
+def _load_inputs(bundle_paths: Uploads, agg: Path, config: PKEConfig, device: torch.device) -> _Inputs:
+    """The teachers and ``agg``'s global model, synthetic set (up to ``max_inputs``, a seeded draw) and
+    generator, each checked against the others."""
+    global_path = agg / "global.onnx"
+    teachers, skipped = load_teachers(bundle_paths, device=device)
+    global_bytes = global_path.read_bytes()
+    meta = read_metadata(global_bytes)
+    arch = meta.get("arch")
+    if not arch:
+        raise DataError(f"{global_path} has no arch metadata; it was not written by server-kit aggregate")
+    input_shape = tuple(teachers[0].bundle.input_shape)
+    num_classes = teachers[0].bundle.num_classes
+    template = build_model(arch, input_shape, num_classes)  # type: ignore[arg-type]
+    global_state = initializer_state_dict(global_bytes, template)
+    synthetic = load_synthetic(agg / SYNTHETIC_FILE)
+    if tuple(synthetic.x.shape[1:]) != input_shape:
+        raise DataError(
+            f"synthetic set is {tuple(synthetic.x.shape[1:])} but the teachers take {input_shape}"
+        )
+    keep = torch.randperm(len(synthetic), generator=torch.Generator().manual_seed(config.seed))
+    x = synthetic.x[keep[: config.max_inputs].sort().values]  # N x C x H x W, multiples of 1/255
+    generator_path = agg / "generator" / "generator.onnx"
+    generator_bytes = generator_path.read_bytes() if generator_path.is_file() else None
+    return _Inputs(
+        teachers,
+        skipped,
+        global_bytes,
+        arch,
+        input_shape,
+        num_classes,
+        global_state,
+        x,
+        generator_bytes,  # type: ignore[arg-type]
+    )
+
+
+def _write_packages(
+    inputs: _Inputs,
+    names: dict[Path, str],
+    server_knowledge: list[Tensor],
+    knowledge: list[Tensor],
+    curves: list[list[float]],
+    config: PKEConfig,
+    out: Path,
+) -> tuple[list[Path], list[dict[str, Any]]]:
+    """One package per client (its personalised knowledge on the shared inputs) and its report row."""
+    x = inputs.x
+    x_uint8 = (x * 255).round().to(torch.uint8).numpy()
+    knobs = {"mu": float(config.mu), "epochs": config.epochs, "lr": float(config.lr), "inputs": len(x)}
+    paths, rows = [], []
+    for teacher, zs, z, curve in zip(inputs.teachers, server_knowledge, knowledge, curves, strict=True):
+        client = names[Path(teacher.path).resolve()]  # type: ignore[arg-type]
+        package = Package(
+            client=client,
+            client_sha256=teacher.bundle.model_sha256,
+            global_onnx=inputs.global_bytes,
+            global_arch=inputs.arch,
+            num_classes=inputs.num_classes,
+            input_shape=inputs.input_shape,
+            inputs=x_uint8,
+            knowledge=zs.numpy().astype(np.float32),
+            generator_onnx=inputs.generator_bytes,
+            knobs=knobs,
+            seed=config.seed,
+        )
+        path = write_package(package, out / f"{client}.package")
+        paths.append(path)
+        rows.append(
+            {
+                "client": client,
+                "package": path.name,
+                "size_bytes": path.stat().st_size,
+                "l1_curve": curve,
+                # how far the personalised knowledge moved from the client's own (0 = a copy of it)
+                "l1_to_client_knowledge": float(F.l1_loss(zs, z)),
+                "agreement_with_client": float((zs.argmax(1) == z.argmax(1)).float().mean()),
+            }
+        )
+    return paths, rows

@@ -76,11 +76,10 @@ from edge_sdk.train import release_memory
 from export.atomic import atomic_write_json, to_json
 from export.bundle import read_bundle
 from profiles import load_profile
-from server_kit.aggregate import AggregateConfig, aggregate
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
 from server_kit.evaluate import evaluate_onnx
-from server_kit.fusion import FusionConfig
-from server_kit.report import write_report
-from server_kit.resume import (
+from server_kit.federation.resume import (
     Verdict,
     client_verdict,
     partition_verdict,
@@ -88,7 +87,9 @@ from server_kit.resume import (
     refuse,
     uploads_of,
 )
-from server_kit.workers import worker_pool
+from server_kit.federation.workers import worker_pool
+from server_kit.report import write_report
+from server_kit.training import FusionConfig
 
 __all__ = [
     "RESUME_MODES",
@@ -224,7 +225,7 @@ class SimulateConfig:
         devices train cvae-small with the dataset's Table 3 settings (MNIST and Fashion at lr 3e-3, see
         :mod:`edge_sdk.cvae`); the server initialises the global model by FedAvg of the classifiers and
         fuses it on the filtered decoder samples with FedMHO-MD (the dataset's Table 3 global epochs and
-        learning rate, lambda 0.5, the ``conditioned`` teacher of :mod:`server_kit.fusion`; 12,000
+        learning rate, lambda 0.5, the ``conditioned`` teacher of :mod:`server_kit.training.fusion`; 12,000
         samples for EMNIST, 6,000 otherwise). ``aggregate=...`` replaces the server's settings whole
         (e.g. ``fusion`` mode sd).
         """
@@ -432,7 +433,8 @@ def _client_sizes(data_dir: Path, num_clients: int) -> list[int]:
 
 
 def _partition_verdict(config: SimulateConfig, data_dir: Path) -> Verdict:
-    """Whether ``data_dir`` holds this config's partition (:func:`server_kit.resume.partition_verdict`)."""
+    """Whether ``data_dir`` holds this config's partition
+    (:func:`server_kit.federation.resume.partition_verdict`)."""
     names = [f"{name}.npz" for name in _client_names(config.num_clients)] + ["test.npz"]
     return partition_verdict(data_dir, _partition_settings(config), names, config.resume)
 
@@ -536,91 +538,35 @@ def simulate(config: SimulateConfig) -> SimulateResult:
     assign_profiles(config.num_clients, config.profiles, config.profile_map)  # a bad name fails first
     for name in ("data", "clients", "server", "personal"):  # a link there would take the files elsewhere
         check_real_dir(out / name)
-    for device in (config.device, config.aggregate.device):  # a missing GPU too, before the partition
-        resolve_device(device)
+    resolve_device(config.device)  # a missing GPU too, before the partition (clients resolve their own)
+    server_device = resolve_device(config.aggregate.device)  # the server's, resolved once, passed on
     seconds: dict[str, float] = {}
     started_at = time.time()  # phases follow in the order of ``seconds`` (benchmarks/speed.py)
     wall = time.perf_counter()
 
     with contextlib.ExitStack() as stack:
         # jobs > 1: the partition and every client run in worker processes forked from a fork server
-        # (see server_kit.workers), so this process never holds the dataset or a client's training garbage
+        # (see server_kit.federation.workers), so this process never holds the dataset or a client's
+        # training garbage
         pool = stack.enter_context(worker_pool(config.jobs)) if config.jobs > 1 else None
         with timed(seconds, "partition"):
-            verdict = _partition_verdict(config, out / "data")
-            if verdict.reuse:
-                log.info("partition reused: %s has the same settings", out / "data")
-            elif config.resume == "strict" and verdict.differs:
-                refuse(out / "data" / "partition.json", verdict)
-            else:
-                log.info("partition runs: %s", verdict.reason)
-                if pool is None:
-                    _partition(config, out / "data")
-                    # the whole dataset was in this process; the clients read only their files
-                    release_memory()
-                else:
-                    pool.submit(_partition, config, out / "data").result()
-                    if "source" in _partition_settings(config):  # the worker's own log lines are not shown
-                        log.info("the images a worker decoded are cached in %s", cache_dir())
-            names_on_disk = _client_names(config.num_clients)
-            data_paths = [out / "data" / f"{name}.npz" for name in names_on_disk]
-
-        # --- clients (each one is a device); reuse finished bundles so a killed run resumes ------------
+            _ensure_partition(config, out / "data", pool)
         t0 = time.perf_counter()  # not `timed`: the phase ends after the worker pool has shut down, below
-        client_dir = out / "clients"
-        make_real_dir(client_dir)
-        bundles = [client_dir / f"{name}.bundle" for name in names_on_disk]
-        plan = plan_clients(config, load_client_data(out / "data" / "test.npz"))
-        names, client_configs = list(plan.profiles), list(plan.configs)
-        verdicts = [
-            Verdict(False, "--resume off")
-            if config.resume == "off"
-            else client_verdict(bundles[k], _resume_key(client_configs[k], data_paths[k], names[k]))
-            for k in range(config.num_clients)
-        ]
-        if config.resume == "strict":
-            for k, verdict in enumerate(verdicts):
-                if verdict.differs:
-                    refuse(bundles[k], verdict)
-        for k, verdict in enumerate(verdicts):  # why each client runs; a reused one says so as it is listed
-            if not verdict.reuse:
-                log.info("%s runs: %s", names_on_disk[k], verdict.reason)
-        todo = [k for k in range(config.num_clients) if not verdicts[k].reuse]
-        # largest clients first (longest-processing-time order): the last job to start is a short one,
-        # so the workers finish close together instead of one waiting on a big client started last
-        sizes = _client_sizes(out / "data", config.num_clients)
-        todo.sort(key=lambda k: (-sizes[k], k))
-        jobs = [(str(data_paths[k]), str(bundles[k]), names[k], client_configs[k]) for k in todo]
-        # one log line per client as it finishes, and a bar over the clients where the clients' own bars
-        # are off (jobs > 1: nothing else would show before the server starts)
-        bar = tqdm(
-            total=config.num_clients,
-            initial=config.num_clients - len(todo),
-            desc="clients",
-            unit="client",
-            disable=not config.progress or pool is None,
-        )
-        with bar, logging_redirect_tqdm([logger]):
-            for k in sorted(set(range(config.num_clients)) - set(todo)):
-                logger.info("%s", _client_line(bundles[k], "reused"))
-            if pool is None:
-                for k, job in zip(todo, jobs, strict=True):
-                    _run_one(*job)
-                    logger.info("%s", _client_line(bundles[k], "trained"))
-            else:
-                futures = {pool.submit(_run_one, *job): k for k, job in zip(todo, jobs, strict=True)}
-                for future in cf.as_completed(futures):
-                    future.result()  # re-raise the first client failure
-                    logger.info("%s", _client_line(bundles[futures[future]], "trained"))
-                    bar.update()
+        clients_run = _run_clients(config, out, pool)
     seconds["clients"] = time.perf_counter() - t0
+    bundles, names, verdicts, todo = clients_run
 
     # --- server ------------------------------------------------------------------------------------------
     test = load_client_data(out / "data" / "test.npz")
     uploads = [path for bundle in bundles for path in uploads_of(bundle)]
     prepare_server(out / "server", _server_key(config, uploads), config.resume)
     agg = aggregate(
-        uploads, out / "server", config=config.aggregate, eval_data=test, progress=config.progress
+        uploads,
+        out / "server",
+        config=config.aggregate,
+        eval_data=test,
+        progress=config.progress,
+        device=server_device,
     )
     for phase, value in agg.seconds.items():
         seconds[f"server_{phase}"] = value
@@ -628,38 +574,7 @@ def simulate(config: SimulateConfig) -> SimulateResult:
     # --- per-client metrics (local val accuracy; accuracy of its own model on the global test set) -----
     with timed(seconds, "evaluate_clients"):
         eval_threads = usable_threads()
-        clients = []
-        for k, path in enumerate(bundles):
-            bundle = read_bundle(path)
-            report = json.loads(path.with_name(path.name + ".report.json").read_text(encoding="utf-8"))
-            m = bundle.metrics
-            row: dict[str, Any] = {
-                "client": k,
-                "profile": names[k],
-                "kind": bundle.kind,
-                "arch": bundle.arch,
-                "num_examples": bundle.num_examples,
-                "label_counts": list(bundle.label_counts),
-                "seconds": report["seconds"],
-            }
-            if bundle.kind == "classifier":
-                row |= {
-                    "val_accuracy": m["val_accuracy"],
-                    "test_accuracy": evaluate_onnx(
-                        bundle.model_onnx, test, unknown_output=bundle.unknown_output, threads=eval_threads
-                    )["accuracy"],
-                    "flops": m["flops"],
-                    "params": m["params"],
-                    "candidate_epochs": m["candidate_epochs"],
-                }
-            else:  # a CVAE client (FedMHO): its decoder has no accuracy of its own
-                row |= {
-                    "val_loss": m.get("val_loss"),
-                    "flops": m.get("decoder_flops"),
-                    "params": m.get("decoder_params"),
-                    "candidate_epochs": 0,
-                }
-            clients.append(row)
+        clients = [_client_row(k, path, names[k], test, eval_threads) for k, path in enumerate(bundles)]
     seconds["total"] = time.perf_counter() - wall
 
     scored = [c["test_accuracy"] for c in clients if "test_accuracy" in c]
@@ -680,3 +595,117 @@ def simulate(config: SimulateConfig) -> SimulateResult:
     atomic_write_json(out / "results.json", result.to_dict())
     write_report(out)  # from the files just written (results.json first: a failed drawing loses nothing)
     return result
+
+
+def _ensure_partition(config: SimulateConfig, data_dir: Path, pool: Any) -> None:
+    """The partition in ``data_dir``: reused when made with the same settings, else made (in a worker
+    when there is a pool); ``resume="strict"`` refuses one made with other settings."""
+    verdict = _partition_verdict(config, data_dir)
+    if verdict.reuse:
+        log.info("partition reused: %s has the same settings", data_dir)
+    elif config.resume == "strict" and verdict.differs:
+        refuse(data_dir / "partition.json", verdict)
+    else:
+        log.info("partition runs: %s", verdict.reason)
+        if pool is None:
+            _partition(config, data_dir)
+            release_memory()  # the whole dataset was in this process; the clients read only their files
+        else:
+            pool.submit(_partition, config, data_dir).result()
+            if "source" in _partition_settings(config):  # the worker's own log lines are not shown
+                log.info("the images a worker decoded are cached in %s", cache_dir())
+
+
+def _run_clients(
+    config: SimulateConfig, out: Path, pool: Any
+) -> tuple[list[Path], list[str], list[Verdict], list[int]]:
+    """Every client (each one a device) that has no reusable bundle, so a killed run resumes: (bundles,
+    profile names, verdicts, the clients that ran)."""
+    names_on_disk = _client_names(config.num_clients)
+    data_paths = [out / "data" / f"{name}.npz" for name in names_on_disk]
+    client_dir = out / "clients"
+    make_real_dir(client_dir)
+    bundles = [client_dir / f"{name}.bundle" for name in names_on_disk]
+    plan = plan_clients(config, load_client_data(out / "data" / "test.npz"))
+    names, client_configs = list(plan.profiles), list(plan.configs)
+    verdicts = [
+        Verdict(False, "--resume off")
+        if config.resume == "off"
+        else client_verdict(bundles[k], _resume_key(client_configs[k], data_paths[k], names[k]))
+        for k in range(config.num_clients)
+    ]
+    if config.resume == "strict":
+        for k, verdict in enumerate(verdicts):
+            if verdict.differs:
+                refuse(bundles[k], verdict)
+    for k, verdict in enumerate(verdicts):  # why each client runs; a reused one says so as it is listed
+        if not verdict.reuse:
+            log.info("%s runs: %s", names_on_disk[k], verdict.reason)
+    todo = [k for k in range(config.num_clients) if not verdicts[k].reuse]
+    # largest clients first (longest-processing-time order): the last job to start is a short one,
+    # so the workers finish close together instead of one waiting on a big client started last
+    sizes = _client_sizes(out / "data", config.num_clients)
+    todo.sort(key=lambda k: (-sizes[k], k))
+    jobs = [(str(data_paths[k]), str(bundles[k]), names[k], client_configs[k]) for k in todo]
+    _train_clients(config, pool, bundles, todo, jobs)
+    return bundles, names, verdicts, todo
+
+
+def _train_clients(
+    config: SimulateConfig, pool: Any, bundles: list[Path], todo: list[int], jobs: list[tuple]
+) -> None:
+    """Run the clients' jobs: one log line per client as it finishes, and a bar over the clients where
+    the clients' own bars are off (jobs > 1: nothing else would show before the server starts)."""
+    bar = tqdm(
+        total=config.num_clients,
+        initial=config.num_clients - len(todo),
+        desc="clients",
+        unit="client",
+        disable=not config.progress or pool is None,
+    )
+    with bar, logging_redirect_tqdm([logger]):
+        for k in sorted(set(range(config.num_clients)) - set(todo)):
+            logger.info("%s", _client_line(bundles[k], "reused"))
+        if pool is None:
+            for k, job in zip(todo, jobs, strict=True):
+                _run_one(*job)
+                logger.info("%s", _client_line(bundles[k], "trained"))
+        else:
+            futures = {pool.submit(_run_one, *job): k for k, job in zip(todo, jobs, strict=True)}
+            for future in cf.as_completed(futures):
+                future.result()  # re-raise the first client failure
+                logger.info("%s", _client_line(bundles[futures[future]], "trained"))
+                bar.update()
+
+
+def _client_row(k: int, path: Path, profile: str, test: ArrayDataset, threads: int) -> dict[str, Any]:
+    """A client as ``results.json`` lists it: its bundle's metrics and, for a classifier, the accuracy of
+    its own model on the global test set."""
+    bundle = read_bundle(path)
+    report = json.loads(path.with_name(path.name + ".report.json").read_text(encoding="utf-8"))
+    m = bundle.metrics
+    row: dict[str, Any] = {
+        "client": k,
+        "profile": profile,
+        "kind": bundle.kind,
+        "arch": bundle.arch,
+        "num_examples": bundle.num_examples,
+        "label_counts": list(bundle.label_counts),
+        "seconds": report["seconds"],
+    }
+    if bundle.kind == "classifier":
+        return row | {
+            "val_accuracy": m["val_accuracy"],
+            "test_accuracy": evaluate_onnx(
+                bundle.model_onnx, test, unknown_output=bundle.unknown_output, threads=threads
+            )["accuracy"],
+            "flops": m["flops"],
+            "params": m["params"],
+            "candidate_epochs": m["candidate_epochs"],
+        }
+    return row | {  # a CVAE client (FedMHO): its decoder has no accuracy of its own
+        "val_loss": m.get("val_loss"),
+        "flops": m.get("decoder_flops"),
+        "params": m.get("decoder_params"),
+        "candidate_epochs": 0,
+    }

@@ -1,4 +1,4 @@
-"""Adversarial distillation (DENSE, NeurIPS 2022) with the conditioned labels of server_kit.labels.
+"""Adversarial distillation (DENSE, NeurIPS 2022) with the conditioned labels of server_kit.labelling.labels.
 
 A student distilled once on a fixed synthetic set learns what the set covers; under label skew the set's
 images of a class come from the few teachers that hold it, and the boundaries between classes held by
@@ -25,9 +25,9 @@ from torch import Tensor, nn
 from common.checks import check_int, is_number
 from common.errors import ConfigError
 from common.seeding import derive_seed
-from server_kit.distill import DistillConfig, distill
-from server_kit.generator import ConditionalGenerator, GeneratorConfig, sample_generator, train_generator
-from server_kit.labels import LabelConfig, label_synthetic
+from server_kit.labelling import LabelConfig, label_synthetic
+from server_kit.synthesis import ConditionalGenerator, GeneratorConfig, sample_generator, train_generator
+from server_kit.training.distill import DistillConfig, distill
 
 __all__ = ["AdversarialConfig", "adversarial_distill"]
 

@@ -32,19 +32,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.device import resolve_device
-from common.errors import ConfigError, ToolkitError
+from common.errors import ConfigError
 from edge_sdk.precision import autocast, resolve_precision
-from server_kit.abstain import own_probability
-from server_kit.parallel import map_teachers
+from server_kit.teachers import check_label_counts, class_shares, held_classes, map_teachers, own_probability
 
 __all__ = [
     "LABEL_RULES",
     "LabelConfig",
     "Labels",
-    "check_label_counts",
-    "class_shares",
     "consensus",
-    "held_classes",
     "label_synthetic",
     "teacher_probs",
 ]
@@ -101,59 +97,6 @@ class Labels:
         return int(self.keep.sum())
 
 
-def check_label_counts(
-    label_counts: Sequence[Sequence[int]] | Tensor,
-    *,
-    num_classes: int | None = None,
-    min_rows: int = 1,
-    what: str = "label_counts",
-    error: type[ToolkitError] = ConfigError,
-) -> Tensor:
-    """``label_counts`` as a K x L float64 tensor: K >= ``min_rows`` rows (one per bundle), L >= 2 classes
-    (exactly ``num_classes`` when given), every count finite and >= 0, else ``error``.
-
-    The one validator of claimed counts, so labelling and FedMHO's teacher refuse the same inputs; each
-    caller picks the error its own tests and users expect (DataError where the counts are data).
-    """
-    rows = label_counts if isinstance(label_counts, Tensor) else [list(r) for r in label_counts]
-    if len(rows) == 0 and min_rows == 0 and num_classes is not None:
-        return torch.zeros(0, num_classes, dtype=torch.float64)
-    try:
-        counts = torch.as_tensor(rows, dtype=torch.float64)
-    except (TypeError, ValueError) as err:  # ragged rows, non-numbers
-        raise error(f"{what} must be K x L numbers, got {type(label_counts).__name__}: {err}") from err
-    columns = "L >= 2" if num_classes is None else f"L == {num_classes}"
-    if (
-        counts.ndim != 2
-        or counts.shape[0] < max(min_rows, 1)
-        or counts.shape[1] < 2
-        or (num_classes is not None and counts.shape[1] != num_classes)
-    ):
-        raise error(
-            f"{what} must be K x L with K >= {max(min_rows, 1)}, {columns}, got shape {tuple(counts.shape)}"
-        )
-    if not torch.isfinite(counts).all() or (counts < 0).any():
-        raise error(f"{what} must be finite and >= 0")
-    return counts
-
-
-def class_shares(label_counts: Sequence[Sequence[int]] | Tensor) -> Tensor:
-    """K x L float32: teacher k's share of the federation's examples of class c (columns sum to 1).
-
-    A class no teacher has examples of gets uniform weights 1/K (every teacher is equally uninformed).
-    """
-    counts = check_label_counts(label_counts)
-    total = counts.sum(dim=0, keepdim=True)  # 1 x L
-    uniform = torch.full_like(counts, 1.0 / counts.shape[0])
-    return torch.where(total > 0, counts / total.clamp(min=1e-300), uniform).float()
-
-
-def held_classes(label_counts: Sequence[Sequence[int]] | Tensor) -> Tensor:
-    """K x L bool: the classes each teacher has examples of; a teacher with none holds every class."""
-    held = check_label_counts(label_counts) > 0
-    return held | ~held.any(dim=1, keepdim=True)
-
-
 @torch.no_grad()
 def teacher_probs(
     module: nn.Module,
@@ -186,7 +129,7 @@ def _probs_and_own(
     device: str | torch.device,
     precision: str = "auto",
 ) -> tuple[Tensor, Tensor | None]:
-    """:func:`teacher_probs` and, for a teacher that can abstain (:mod:`server_kit.abstain`), the N
+    """:func:`teacher_probs` and, for a teacher that can abstain (:mod:`server_kit.teachers.abstain`), the N
     float64 probability that each image is one of its classes (None for the others)."""
     if not tau > 0:
         raise ConfigError(f"tau must be > 0, got {tau}")

@@ -1,7 +1,8 @@
 """A small generic ONNX -> torch converter for classifier teachers that did not come from our edge SDK.
 
 Bundles written by the edge SDK are rebuilt from their architecture string (exact and fast, see
-:mod:`server_kit.teachers`); this module is the fallback for "foreign" ONNX files. We interpret the graph
+:mod:`server_kit.teachers.loading`); this module is the fallback for "foreign" ONNX files. We interpret the
+graph
 ourselves rather than depend on onnx2torch (unmaintained; rejects ReduceMean-18, AveragePool-19, ...) or
 onnx2pytorch (its BatchNorm wrapper hides the inner module from forward hooks):
 

@@ -35,11 +35,11 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
-from server_kit.inversion import SyntheticSet
-from server_kit.labels import class_shares, consensus, teacher_probs
-from server_kit.parallel import map_teachers
+from server_kit.labelling.labels import consensus, teacher_probs
+from server_kit.synthesis import ClaimChecks, SyntheticSet
+from server_kit.teachers import class_shares, map_teachers
 
-__all__ = ["ClaimCheck", "verify_claims", "verify_decoders"]
+__all__ = ["CLAIM_CHECKS", "ClaimCheck", "verify_claims", "verify_decoders"]
 
 
 @dataclass(frozen=True)
@@ -201,3 +201,6 @@ def verify_decoders(
 def _median(values: Sequence[float]) -> float:
     """The median, the mean of the two middle values for an even count (torch.median takes the lower)."""
     return float(torch.tensor(values, dtype=torch.float64).quantile(0.5))
+
+
+CLAIM_CHECKS = ClaimChecks(classifiers=verify_claims, decoders=verify_decoders)  # what synthesis runs

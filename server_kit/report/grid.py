@@ -18,7 +18,7 @@ from export.atomic import atomic_write_bytes
 
 __all__ = ["GRID_PADDING", "grid_png", "tile", "write_grid"]
 
-GRID_PADDING = 2  # grey pixels between cells (server_kit.report finds the class rows by it)
+GRID_PADDING = 2  # grey pixels between cells (server_kit.report.html finds the class rows by it)
 
 
 def grid_png(

@@ -3,7 +3,8 @@
 One round, as ``server-kit simulate`` runs it but with the clients on Flower nodes:
 
 1. wait for ``num_clients`` nodes, ask each which client it is (``query``: its ``partition-id``);
-2. plan the clients exactly as :func:`server_kit.simulate.simulate` does (:func:`simulate.plan_clients`:
+2. plan the clients exactly as :func:`server_kit.federation.simulate.simulate` does
+(:func:`simulate.plan_clients`:
    profile, seed ``seed + k``, role, shared initial weights) and send each its
    :class:`edge_sdk.flower_client.FlowerTask` (``train``);
 3. hold every reply to the checks of a bundle file (:func:`check_reply`: the size bound before anything
@@ -12,7 +13,8 @@ One round, as ``server-kit simulate`` runs it but with the clients on Flower nod
 4. :func:`server_kit.aggregate.aggregate` on the accepted bundles in memory (named as simulate names its
    files, in client order; ``on_error="skip"``: an upload whose model fails the ONNX contract or the
    teacher probe is refused too), ``global.onnx`` and the accuracy on the dataset's test split;
-5. optionally (``personalize``) PKE packages (:func:`server_kit.pke.personalize_server`), each sent to
+5. optionally (``personalize``) PKE packages (:func:`server_kit.personalization.pke.personalize_server`),
+each sent to
    its device in a second message (``train.personalize``).
 
 The same federation knobs give the same clients, the same uploads and so the same ``global.onnx`` as
@@ -53,8 +55,8 @@ from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import MAX_BUNDLE_BYTES, bundle_from_bytes
 from profiles import load_profile
 from server_kit.aggregate import aggregate
-from server_kit.pke import PKEConfig, personalize_server
-from server_kit.simulate import SimulateConfig, plan_clients
+from server_kit.federation.simulate import SimulateConfig, plan_clients
+from server_kit.personalization import PKEConfig, personalize_server
 
 __all__ = [
     "DEFAULT_MAX_BUNDLE_BYTES",
@@ -255,39 +257,10 @@ def run_round(grid: Grid, config: FlowerServerConfig) -> FlowerResult:
         clients = _identify(grid, nodes, fed.num_clients, config.timeout_s, refused)
     test = load_dataset(fed.dataset, fed.data_root, split="test")
     plan = plan_clients(fed, test)
-    init = plan.init.read_bytes() if plan.init is not None else None
     names = {node: client_name(k, fed.num_clients) for node, k in clients.items()}
 
     with timed(seconds, "clients"):
-        messages = []
-        for node, k in clients.items():
-            task = FlowerTask(
-                client=dataclasses.replace(plan.configs[k], init=None),
-                profile=load_profile(plan.profiles[k]),
-                partition=partition,
-                data_root=fed.data_root,
-                init=init if plan.configs[k].init is not None else None,
-            )
-            messages.append(Message(task.to_content(), dst_node_id=node, message_type=MessageType.TRAIN))
-        uploads_of: dict[int, dict[str, bytes]] = {}
-        for reply in grid.send_and_receive(messages, timeout=config.timeout_s):
-            node = reply.metadata.src_node_id
-            if node not in clients:
-                log.warning("a reply from node %d, which was sent no task, is ignored", node)
-                continue
-            try:
-                uploads_of[node] = check_reply(reply, name=names[node], max_bytes=config.max_bundle_bytes)
-            except BundleError as err:
-                log.warning("%s (node %d) refused: %s", names[node], node, err)
-                refused.append(Refusal(names[node], node, str(err)))
-                continue
-            for file, data in uploads_of[node].items():  # what was accepted, kept as simulate keeps it
-                atomic_write_bytes(out / "clients" / file, data)
-        for node in clients:
-            if node not in uploads_of and all(r.node_id != node for r in refused):
-                reason = f"no reply within timeout_s {config.timeout_s:g}"
-                log.warning("%s (node %d) refused: %s", names[node], node, reason)
-                refused.append(Refusal(names[node], node, reason))
+        uploads_of = _train_round(grid, config, plan, clients, names, partition, refused)
     if not uploads_of:
         raise TeacherError(
             f"no device replied with a valid upload ({len(refused)} refused: "
@@ -339,6 +312,51 @@ def run_round(grid: Grid, config: FlowerServerConfig) -> FlowerResult:
     return result
 
 
+def _train_round(
+    grid: Grid,
+    config: FlowerServerConfig,
+    plan: Any,
+    clients: dict[int, int],
+    names: dict[int, str],
+    partition: dict[str, Any],
+    refused: list[Refusal],
+) -> dict[int, dict[str, bytes]]:
+    """Send each identified node its client's task and collect the replies: each held to a bundle file's
+    checks and kept as simulate keeps its files, a bad or missing one refused (the round goes on)."""
+    fed, out = config.federation, config.federation.out_dir
+    init = plan.init.read_bytes() if plan.init is not None else None
+    messages = []
+    for node, k in clients.items():
+        task = FlowerTask(
+            client=dataclasses.replace(plan.configs[k], init=None),
+            profile=load_profile(plan.profiles[k]),
+            partition=partition,
+            data_root=fed.data_root,
+            init=init if plan.configs[k].init is not None else None,
+        )
+        messages.append(Message(task.to_content(), dst_node_id=node, message_type=MessageType.TRAIN))
+    uploads_of: dict[int, dict[str, bytes]] = {}
+    for reply in grid.send_and_receive(messages, timeout=config.timeout_s):
+        node = reply.metadata.src_node_id
+        if node not in clients:
+            log.warning("a reply from node %d, which was sent no task, is ignored", node)
+            continue
+        try:
+            uploads_of[node] = check_reply(reply, name=names[node], max_bytes=config.max_bundle_bytes)
+        except BundleError as err:
+            log.warning("%s (node %d) refused: %s", names[node], node, err)
+            refused.append(Refusal(names[node], node, str(err)))
+            continue
+        for file, data in uploads_of[node].items():  # what was accepted, kept as simulate keeps it
+            atomic_write_bytes(out / "clients" / file, data)
+    for node in clients:
+        if node not in uploads_of and all(r.node_id != node for r in refused):
+            reason = f"no reply within timeout_s {config.timeout_s:g}"
+            log.warning("%s (node %d) refused: %s", names[node], node, reason)
+            refused.append(Refusal(names[node], node, reason))
+    return uploads_of
+
+
 def _personalize(
     grid: Grid,
     config: FlowerServerConfig,
@@ -387,4 +405,6 @@ def make_server_app(config: FlowerServerConfig | None = None) -> ServerApp:
     return server
 
 
-app = make_server_app()  # `flwr run`: [tool.flwr.app.components] serverapp = "server_kit.flower_server:app"
+app = (
+    make_server_app()
+)  # `flwr run`: [tool.flwr.app.components] serverapp = "server_kit.federation.flower_server:app"

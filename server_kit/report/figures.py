@@ -1,4 +1,4 @@
-"""The figures of ``report.html`` (server_kit.report), each drawn from values checked first: a figure
+"""The figures of ``report.html`` (server_kit.report.html), each drawn from values checked first: a figure
 function returns None when its values are absent, malformed or too many to draw, and the page says so.
 
 Figures are ``matplotlib.figure.Figure`` objects on the Agg canvas, never made through ``pyplot``: no global
@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from common.checks import is_number
-from server_kit.grid import GRID_PADDING
+from server_kit.report.grid import GRID_PADDING
 
 __all__ = [
     "MAX_DRAWN_CLASSES", "MAX_DRAWN_CLIENTS", "MAX_NAMED_LINES", "Line", "class_labels", "client_figure",
@@ -247,7 +247,7 @@ def _bands(ax: Axes, lines: list[Line]) -> None:
 
 def grid_figure(png: bytes, labels: list[str]) -> Figure | None:
     """The grid with its rows labelled by class, or None when it does not decode or does not have one row
-    per class (the layout of server_kit.grid: rows of equal height split by GRID_PADDING pixels)."""
+    per class (the layout of server_kit.report.grid: rows of equal height split by GRID_PADDING pixels)."""
     if not png.startswith(b"\x89PNG\r\n\x1a\n") or len(png) < 24:
         return None
     width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk comes first

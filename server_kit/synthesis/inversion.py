@@ -47,8 +47,7 @@ from common.seeding import derive_seed
 from common.torch_utils import frozen
 from edge_sdk.precision import autocast, resolve_precision
 from export.atomic import atomic_write_bytes, atomic_write_json
-from server_kit.parallel import map_teachers
-from server_kit.teachers import batch_statistics_gap, classifier_weight
+from server_kit.teachers import batch_statistics_gap, classifier_weight, map_teachers
 
 __all__ = [
     "CONCENTRATION_EPS",

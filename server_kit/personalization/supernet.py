@@ -29,7 +29,7 @@ from common.seeding import seeded
 from edge_sdk.elastic import SuperNet, largest, sample_elastic, save_supernet, smallest
 from edge_sdk.train import kd_loss_logits
 from export.atomic import atomic_write_json
-from server_kit.aggregate import SYNTHETIC_FILE, load_synthetic
+from server_kit.synthesis import SYNTHETIC_FILE, load_synthetic
 from server_kit.teachers import load_teachers
 
 __all__ = ["SupernetConfig", "supernet_from_bundles", "train_supernet"]

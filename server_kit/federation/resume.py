@@ -30,7 +30,9 @@ __all__ = [
     "uploads_of",
 ]
 
-log = logging.getLogger("server_kit.simulate")  # the decisions are simulate's: logged under its name
+log = logging.getLogger(
+    "server_kit.federation.simulate"
+)  # the decisions are simulate's: logged under its name
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ Who the teacher is (``FusionConfig.teacher``):
   votes with its softmax (md: each classifier; sd: w_0, the average of them all, with their summed share);
   a decoder votes for y, the class it was asked to draw. Under label skew the mean teacher is wrong on the
   classes few classifiers hold (benchmarks/RESULTS.md, "FedMHO at the paper's numbers"); a teacher
-  that never saw y has weight 0 on y's samples, the same rule as ``server_kit.labels``' ``conditioned``.
+  that never saw y has weight 0 on y's samples, the same rule as ``server_kit.labelling.labels``'
+  ``conditioned``.
 - ``agreeing`` (ours, the default): ``conditioned``, with each classifier's share of y scaled by how much
   it recognises y on y's decoder samples (its mean probability of y there); the share it loses goes to
   the label y. It matters for sd: FedAvg can lose a class that one classifier held (w_0 then hardly
@@ -48,7 +49,7 @@ from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import fit
 from common.seeding import seeded
-from server_kit.labels import check_label_counts
+from server_kit.teachers import check_label_counts
 
 __all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
 
@@ -169,7 +170,7 @@ def _logits(
     teachers: Sequence[nn.Module], x: Tensor, *, batch_size: int = 512, device: str | torch.device = "cpu"
 ) -> list[Tensor]:
     """Each teacher's N x L float32 logits on ``x``, on CPU (eval mode; training flags restored)."""
-    modules = [getattr(t, "module", t) for t in teachers]  # a server_kit.teachers.Teacher or a module
+    modules = [getattr(t, "module", t) for t in teachers]  # a server_kit.teachers.loading.Teacher or a module
     if not modules:
         raise ConfigError("the fusion teacher needs at least one classifier")
     dev = torch.device(device)
@@ -246,6 +247,44 @@ def conditioned_targets(
     return out.float()
 
 
+def _targets(
+    student: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    config: FusionConfig,
+    teachers: Sequence[nn.Module] | None,
+    initial: nn.Module | None,
+    label_counts: Sequence[Sequence[int]] | None,
+    decoder_counts: Sequence[Sequence[int]],
+    dev: torch.device,
+) -> Tensor | None:
+    """The teacher probabilities ``md`` and ``sd`` distil (N x L), None for ``ce``: the mean teacher, or
+    the teachers conditioned on each sample's class (by the label counts)."""
+    if config.mode == "ce":
+        return None
+    if config.mode == "md" and not teachers:
+        raise ConfigError("mode 'md' needs the classifier teachers (teachers=[...])")
+    if config.mode == "sd":
+        reference = initial if initial is not None else copy.deepcopy(student)
+    if config.teacher == "mean":
+        return teacher_probs(teachers if config.mode == "md" else [reference], x, device=dev)
+    if label_counts is None or (config.mode == "md" and len(label_counts) != len(teachers or ())):
+        raise ConfigError(
+            f"the {config.teacher} {config.mode} teacher needs label_counts, one row per classifier "
+            f"({len(teachers or ())}), got {None if label_counts is None else len(label_counts)}; "
+            "pass the bundles' counts or use teacher='mean'"
+        )
+    if config.mode == "md":
+        logits = _logits(teachers, x, device=dev)  # type: ignore[arg-type]
+        rows: Sequence[Sequence[int]] | Tensor = label_counts
+    else:  # w_0 speaks for every classifier it was averaged from
+        logits = _logits([reference], x, device=dev)
+        rows = torch.as_tensor(label_counts, dtype=torch.float64).sum(dim=0, keepdim=True)
+    return conditioned_targets(
+        [F.softmax(z, dim=1) for z in logits], y, rows, decoder_counts, agreement=config.teacher == "agreeing"
+    )
+
+
 def fuse(
     student: nn.Module,
     x: Tensor,
@@ -278,34 +317,7 @@ def fuse(
     if x.dtype == torch.uint8:
         x = x.float() / 255.0
     dev = resolve_device(device)
-    probs: Tensor | None = None
-    if config.mode != "ce":
-        if config.mode == "md" and not teachers:
-            raise ConfigError("mode 'md' needs the classifier teachers (teachers=[...])")
-        if config.mode == "sd":
-            reference = initial if initial is not None else copy.deepcopy(student)
-        if config.teacher == "mean":
-            probs = teacher_probs(teachers if config.mode == "md" else [reference], x, device=dev)
-        else:
-            if label_counts is None or (config.mode == "md" and len(label_counts) != len(teachers or ())):
-                raise ConfigError(
-                    f"the {config.teacher} {config.mode} teacher needs label_counts, one row per classifier "
-                    f"({len(teachers or ())}), got {None if label_counts is None else len(label_counts)}; "
-                    "pass the bundles' counts or use teacher='mean'"
-                )
-            if config.mode == "md":
-                logits = _logits(teachers, x, device=dev)  # type: ignore[arg-type]
-                rows: Sequence[Sequence[int]] | Tensor = label_counts
-            else:  # w_0 speaks for every classifier it was averaged from
-                logits = _logits([reference], x, device=dev)
-                rows = torch.as_tensor(label_counts, dtype=torch.float64).sum(dim=0, keepdim=True)
-            probs = conditioned_targets(
-                [F.softmax(z, dim=1) for z in logits],
-                y,
-                rows,
-                decoder_counts,
-                agreement=config.teacher == "agreeing",
-            )
+    probs = _targets(student, x, y, config, teachers, initial, label_counts, decoder_counts, dev)
     x_dev, y_dev = x.to(dev), y.to(device=dev, dtype=torch.long)
     probs_dev = probs.to(dev) if probs is not None else None
     student.to(dev).train()

@@ -4,13 +4,14 @@ The server needs gradients w.r.t. the input and BatchNorm running statistics, wh
 give. A bundle written by our SDK is rebuilt from its architecture string and loaded with the ONNX
 initializers by name (exact, and as fast as native torch; BN-preserving exports name every initializer
 after its state_dict key). A bundle whose arch is unknown or does not match its weights (a classifier
-exported elsewhere) goes through the generic converter in :mod:`server_kit.onnx_convert`. Either way the
+exported elsewhere) goes through the generic converter in :mod:`server_kit.teachers.onnx_convert`. Either way
+the
 module is trusted only after a parity check against onnxruntime on seeded inputs, then frozen: eval()
 (BN must use its running statistics) and ``requires_grad_(False)``. Before any of that, the ONNX must pass
 :func:`export.onnx_check.check_classifier_onnx` against the manifest (input ``[batch, *input_shape]``, output
 ``[batch, num_classes]``, one more column for a bundle with an "unknown" output): nothing of a file that
 fails it is rebuilt, converted or run. A teacher with an unknown output (FedOV) is wrapped in
-:class:`server_kit.abstain.Abstaining`, so it gives ``num_classes`` logits like every other teacher.
+:class:`server_kit.teachers.abstain.Abstaining`, so it gives ``num_classes`` logits like every other teacher.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from export.bundle import KINDS, Bundle, bundle_from_bytes, read_bundle
 from export.onnx_check import check_classifier_onnx
 from export.onnx_export import onnx_session, read_deploy
 from export.weights import initializer_state_dict
-from server_kit.abstain import Abstaining
-from server_kit.onnx_convert import convert_onnx
+from server_kit.teachers.abstain import Abstaining
+from server_kit.teachers.onnx_convert import convert_onnx
 
 __all__ = [
     "Teacher",

@@ -10,7 +10,7 @@ run did not record is replaced by a one-line note, never drawn empty. The device
 size before they are read, and each loss curve in them (:mod:`edge_sdk.curves`) is checked before it is
 drawn: a malformed one is skipped and named in a note, the other clients' curves are drawn.
 
-The figures are :mod:`server_kit.report_figures`, drawn here with mathtext off (a ``$`` in a name stays
+The figures are :mod:`server_kit.report.figures`, drawn here with mathtext off (a ``$`` in a name stays
 a ``$``).
 """
 
@@ -32,7 +32,7 @@ from common.configs import MAX_CONFIG_BYTES
 from common.errors import DataError
 from edge_sdk.curves import check_curve
 from export.atomic import atomic_write_text
-from server_kit.report_figures import (
+from server_kit.report.figures import (
     MAX_DRAWN_CLASSES,
     MAX_DRAWN_CLIENTS,
     MAX_NAMED_LINES,
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 REPORT_FILE = "report.html"
-# the server's PNG grids (server_kit.grid, one row per class) the page embeds, by fixed name only
+# the server's PNG grids (server_kit.report.grid, one row per class) the page embeds, by fixed name only
 GRIDS = {
     "pseudo_images.png": "The synthetic set the student learned from (rows: the teachers' consensus class)",
     "decoder_samples.png": "Decoder samples before the centroid filter (rows: the class they were drawn for)",
