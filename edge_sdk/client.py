@@ -79,8 +79,9 @@ FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epo
 # The code that made a client's files: the toolkit's version, plus the client pipeline's own number, bumped
 # when a change makes the same settings and data give another bundle (new training, export or metrics),
 # so a resume redoes the clients of older code even between releases
-# 2: the time budget stops the search and final training; 3: successive halving in rungs, plateau stop
-CODE_VERSION = f"{__version__}+client.3"
+# 2: the time budget stops the search and final training; 3: successive halving in rungs, plateau stop;
+# 4: the color training recipe (augmentation, weight decay, cosine schedule) and the chain's residual block
+CODE_VERSION = f"{__version__}+client.4"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -425,6 +426,7 @@ def _train_more(
         unknown_output=config.unknown_output, precision=config.precision, stop=deadline.expired,
         track_val=search_config.plateau() is not None, plateau=plateau,
         prior_val=[h["val_loss"] for h in before.history] if before is not None and plateau else (),
+        **search_config.recipe(),
     )  # fmt: skip
     if before is None:
         return trained
@@ -489,6 +491,7 @@ def _train_from_init(
         init=weights.module,
         precision=config.precision,
         stop=deadline.expired,
+        **search_config.recipe(),
     )
     report["init"] = {"path": config.init, "sha256": weights.sha256, "seed": weights.seed}
     result = SearchResult(

@@ -17,7 +17,7 @@ from edge_sdk.artifacts import TrainedCVAE, TrainedModel
 from edge_sdk.cvae import CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import fits, profile_model
-from edge_sdk.train import TrainConfig, evaluate, to_float, train
+from edge_sdk.train import TrainConfig, evaluate, make_optimizer, to_float, train
 from profiles import DeviceProfile
 
 __all__ = ["train_cvae_final", "train_final"]
@@ -42,6 +42,9 @@ def train_final(
     track_val: bool = False,
     plateau: Callable[[Sequence[float]], bool] | None = None,
     prior_val: Sequence[float] = (),
+    augment: str = "auto",
+    schedule: str = "auto",
+    weight_decay: float | None = None,
 ) -> TrainedModel:
     """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
 
@@ -57,7 +60,8 @@ def train_final(
     losses so far, ``prior_val`` (the epochs ``init`` already trained) first, and True ends the training
     (:func:`edge_sdk.halving.plateaued`; the metrics' ``plateau_stopped``); with it, the model returned is
     the one of the lowest validation loss (``best_epoch`` of the epochs trained here; 0: ``init`` as it
-    came, whose loss is the last of ``prior_val``).
+    came, whose loss is the last of ``prior_val``). ``augment``, ``schedule`` and ``weight_decay`` are the
+    training recipe (:class:`edge_sdk.train.TrainConfig`; ``auto`` / None: from the input's spec).
     """
     spec = parse_arch(arch)
     num_classes = train_split.num_classes
@@ -78,15 +82,23 @@ def train_final(
         raise ConfigError("an optimizer continues a model: pass that model as init")
     dev = resolve_device(device)
     start = time.perf_counter()
+    config = TrainConfig(
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        unknown_output=unknown_output,
+        precision=precision,
+        augment=augment,
+        schedule=schedule,
+        weight_decay=weight_decay,
+    )
     if optimizer is None:
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        optimizer = make_optimizer(model, config, train_split.input_shape)
     watch = _Watch(model, val_split, dev, stop=stop, track=track_val, plateau=plateau, prior_val=prior_val)
     losses = train(
         model,
         train_split,
-        config=TrainConfig(
-            epochs=epochs, lr=lr, batch_size=batch_size, unknown_output=unknown_output, precision=precision
-        ),
+        config=config,
         seed=seed,
         device=dev,
         progress=progress,
