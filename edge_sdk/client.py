@@ -417,6 +417,7 @@ def _train_more(
     lowest validation loss are returned (:func:`edge_sdk.final_training.train_final`)."""
     search_config = config.search
     init, optimizer = (before.module, before.optimizer) if before is not None else (None, None)
+    done = before.metrics["final_epochs"] if before is not None else 0  # one schedule over all the parts
     supernet = supernet_of(search_config)
     if before is None and supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
         init = extract(load_supernet(supernet), ElasticSpec.parse(arch))
@@ -426,7 +427,7 @@ def _train_more(
         unknown_output=config.unknown_output, precision=config.precision, stop=deadline.expired,
         track_val=search_config.plateau() is not None, plateau=plateau,
         prior_val=[h["val_loss"] for h in before.history] if before is not None and plateau else (),
-        **search_config.recipe(),
+        schedule_span=(done, max(done + epochs, search_config.final_epochs)), **search_config.recipe(),
     )  # fmt: skip
     if before is None:
         return trained

@@ -46,6 +46,7 @@ def train_final(
     augment: str = "auto",
     schedule: str = "auto",
     weight_decay: float | None = None,
+    schedule_span: tuple[int, int] | None = None,
 ) -> TrainedModel:
     """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
 
@@ -61,14 +62,15 @@ def train_final(
     losses so far, ``prior_val`` (the epochs ``init`` already trained) first, and True ends the training
     (:func:`edge_sdk.halving.plateaued`; the metrics' ``plateau_stopped``); with it, the model returned is
     the one of the lowest validation loss (``best_epoch`` of the epochs trained here; 0: ``init`` as it
-    came, whose loss is the last of ``prior_val``). ``augment``, ``schedule`` and ``weight_decay`` are the
-    training recipe (:class:`edge_sdk.train.TrainConfig`; ``auto`` / None: from the input's spec).
+    came, whose loss is the last of ``prior_val``). ``augment``, ``schedule``, ``weight_decay`` and
+    ``schedule_span`` are the training recipe (:class:`edge_sdk.train.TrainConfig`; ``auto`` / None: from
+    the input's spec; the span: this call is part of a longer schedule).
     """
     spec = parse_arch(arch)
     num_classes = train_split.num_classes
     config = TrainConfig(
         epochs=epochs, lr=lr, batch_size=batch_size, unknown_output=unknown_output, precision=precision,
-        augment=augment, schedule=schedule, weight_decay=weight_decay,
+        augment=augment, schedule=schedule, weight_decay=weight_decay, schedule_span=schedule_span,
     )  # fmt: skip
     if optimizer is not None and init is None:
         raise ConfigError("an optimizer continues a model: pass that model as init")

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.checks import check_ints
 from common.errors import ConfigError, DataError
 from common.loop import batches_per_epoch, fit
 from common.seeding import derive_seed, seeded
@@ -84,6 +85,9 @@ class TrainConfig:
             batch), ``none``, or ``auto``: crop-flip for color images, none for grayscale.
         schedule: the learning rate over the run: ``constant``, ``cosine`` (from ``lr`` to 0 over the
             run's steps), or ``auto``: cosine for color images, constant for grayscale.
+        schedule_span: (epochs trained before this run, epochs of the whole schedule) when this run is
+            a part of a longer training (successive halving's rungs, then the rest): the schedule goes on
+            where the last part stopped instead of starting over; None: this run is the whole schedule.
         unknown_output: the model has one output more than the data has classes, "none of my classes"
             (FedOV), trained on ``OUTLIER_FRACTION`` x batch corrupted copies of each batch's images
             (:mod:`edge_sdk.outliers`).
@@ -97,6 +101,7 @@ class TrainConfig:
     weight_decay: float | None = None
     augment: str = "auto"
     schedule: str = "auto"
+    schedule_span: tuple[int, int] | None = None
     unknown_output: bool = False
     precision: str = "auto"
 
@@ -109,6 +114,16 @@ class TrainConfig:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         check_recipe(self.augment, self.schedule, self.weight_decay)
+        if self.schedule_span is not None:
+            span = check_ints("schedule_span", self.schedule_span, 0, max_length=2)
+            if len(span) != 2:
+                raise ConfigError(f"schedule_span must be (epochs before, total epochs), got {span!r}")
+            before, total = span
+            if total < before + self.epochs:
+                raise ConfigError(
+                    f"schedule_span {self.schedule_span!r}: a schedule of {total} epochs cannot hold "
+                    f"{self.epochs} epochs after {before}; fix: a total of at least {before + self.epochs}"
+                )
         if not isinstance(self.unknown_output, bool):
             raise ConfigError(f"unknown_output must be a bool, got {self.unknown_output!r}")
 
@@ -156,7 +171,7 @@ def train(
 
     ``optimizer`` (over ``model``'s parameters) continues an earlier run with its moments, as if it had
     not stopped; None starts a fresh Adam from ``config`` (:func:`make_optimizer`). A cosine schedule
-    runs over this call's epochs, from the optimizer's initial rate: a continued run restarts it.
+    runs over this call's epochs from the optimizer's initial rate, or over ``config.schedule_span``.
 
     ``seed`` fixes the batch order, Dropout and the outliers, so the same model, data and seed give
     identical weights. With ``config.unknown_output`` each batch gets outliers labelled
@@ -212,10 +227,13 @@ def _scheduler(
     """The recipe's per-step schedule over this run's planned steps (None: a constant rate)."""
     if recipe.schedule == "constant":
         return None
-    for group in optimizer.param_groups:  # a continued run restarts from the rate it was created with
+    for group in optimizer.param_groups:  # a continued run: the schedule's base is the first run's rate
         group["lr"] = group.setdefault("initial_lr", group["lr"])
-    steps = config.epochs * batches_per_epoch(n, config.batch_size, lone_last="merge")
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_factor(step, steps))
+    per_epoch = batches_per_epoch(n, config.batch_size, lone_last="merge")
+    before, total = config.schedule_span or (0, config.epochs)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: cosine_factor(before * per_epoch + step, total * per_epoch)
+    )
 
 
 @torch.inference_mode()

@@ -3,8 +3,6 @@ flips that are windows of the padded image, determinism under a seed, grayscale 
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -138,15 +136,33 @@ def test_schedule_runs_over_the_call(schedule: str, shape: tuple[int, int, int])
     assert optimizer.param_groups[0]["lr"] == (pytest.approx(0.0, abs=1e-12) if cosine else 0.01)
     decay = optimizer.param_groups[0]["weight_decay"]
     assert decay == (COLOR_WEIGHT_DECAY if shape == COLOR else 0.0)
-    if cosine:  # a continued run restarts the schedule from the rate the optimizer was made with
-        rates = []
-        more = copy.copy(config)
+    if cosine:  # a continued run without a span starts its own schedule at the optimizer's first rate
+        rates: list[float] = []
         train(
             model,
             data,
-            config=more,
+            config=config,
             seed=1,
             optimizer=optimizer,
             stop=lambda: rates.append(optimizer.param_groups[0]["lr"]) or False,
         )
         assert rates[0] > 0.005 and optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_run_in_parts_follows_one_schedule() -> None:
+    """Two runs of 2 epochs with schedule_span (0, 4) and (2, 4) end where one run of 4 epochs ends, and
+    the second starts where the first stopped (successive halving's rungs, then the rest)."""
+    data = _images(COLOR, n=48)
+    model = _model(COLOR)
+    config = TrainConfig(epochs=2, batch_size=16, lr=0.01, schedule_span=(0, 4))
+    optimizer = make_optimizer(model, config, COLOR)
+    train(model, data, config=config, seed=0, optimizer=optimizer)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.005)  # half way down the cosine
+    rates: list[float] = []
+    more = TrainConfig(epochs=2, batch_size=16, lr=0.01, schedule_span=(2, 4))
+    train(model, data, config=more, seed=1, optimizer=optimizer, stop=lambda: rates.append(0.0) or False)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ConfigError, match="schedule_span"):
+        TrainConfig(epochs=3, schedule_span=(2, 4))
+    with pytest.raises(ConfigError, match="schedule_span"):
+        TrainConfig(epochs=1, schedule_span=(-1, 4))
