@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
@@ -26,7 +27,9 @@ __all__ = [
     "COLOR_CHANNELS",
     "COLOR_WEIGHT_DECAY",
     "SCHEDULES",
+    "Augment",
     "Recipe",
+    "Schedule",
     "check_recipe",
     "cosine_factor",
     "crop_flip",
@@ -34,8 +37,10 @@ __all__ = [
 ]
 
 # what each option may be: "auto" decides from the input spec (see resolve_recipe)
-AUGMENTS = ("auto", "none", "crop-flip")
-SCHEDULES = ("auto", "constant", "cosine")
+Augment = Literal["auto", "none", "crop-flip"]
+Schedule = Literal["auto", "constant", "cosine"]
+AUGMENTS: tuple[str, ...] = get_args(Augment)
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
 COLOR_CHANNELS = 3  # an input with this many channels is a color picture: it gets the color recipe
 COLOR_WEIGHT_DECAY = 5e-4  # Adam's L2 penalty of the color recipe (the usual small-CNN CIFAR value)
 PAD_SHARE = 8  # crop padding = the image side // PAD_SHARE (4 pixels at 32x32, the standard CIFAR crop)

@@ -26,7 +26,7 @@ from common.checks import check_ints
 from common.errors import ConfigError, DataError
 from common.loop import batches_per_epoch, fit
 from common.seeding import derive_seed, seeded
-from edge_sdk.augment import Recipe, check_recipe, cosine_factor, crop_flip, resolve_recipe
+from edge_sdk.augment import Augment, Recipe, Schedule, check_recipe, cosine_factor, crop_flip, resolve_recipe
 from edge_sdk.data import ArrayDataset
 from edge_sdk.outliers import make_outliers
 from edge_sdk.precision import autocast, check_precision, resolve_precision
@@ -99,8 +99,8 @@ class TrainConfig:
     lr: float = 1e-3
     batch_size: int = 64
     weight_decay: float | None = None
-    augment: str = "auto"
-    schedule: str = "auto"
+    augment: Augment = "auto"
+    schedule: Schedule = "auto"
     schedule_span: tuple[int, int] | None = None
     unknown_output: bool = False
     precision: str = "auto"

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, TypeVar
 from common.checks import check_int, check_number, from_preset
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import parse_arch
-from edge_sdk.augment import check_recipe
+from edge_sdk.augment import Augment, Schedule, check_recipe
 from edge_sdk.halving import plateaued
 
 __all__ = ["RECORD_DEFAULTS", "SHARED_PRESETS", "SearchConfig", "check_arch"]
@@ -115,8 +115,8 @@ class SearchConfig:
     plateau_patience: int = 2
     plateau_min_epochs: int = 4
     plateau_min_delta: float = 0.01
-    augment: str = "auto"
-    schedule: str = "auto"
+    augment: Augment = "auto"
+    schedule: Schedule = "auto"
     weight_decay: float | None = None
 
     def __post_init__(self) -> None:
