@@ -23,7 +23,7 @@ from torch import nn
 
 from export.bundle import read_bundle, write_bundle
 from export.onnx_export import export_onnx
-from server_kit.teachers import load_teacher
+from server_kit.teachers.loading import load_teacher
 
 
 class SharedConvs(nn.Module):

@@ -79,8 +79,9 @@ FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epo
 # The code that made a client's files: the toolkit's version, plus the client pipeline's own number, bumped
 # when a change makes the same settings and data give another bundle (new training, export or metrics),
 # so a resume redoes the clients of older code even between releases
-# 2: the time budget stops the search and final training; 3: successive halving in rungs, plateau stop
-CODE_VERSION = f"{__version__}+client.3"
+# 2: the time budget stops the search and final training; 3: successive halving in rungs, plateau stop;
+# 4: the color training recipe (augmentation, weight decay, cosine schedule) and the chain's residual block
+CODE_VERSION = f"{__version__}+client.4"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -416,6 +417,7 @@ def _train_more(
     lowest validation loss are returned (:func:`edge_sdk.final_training.train_final`)."""
     search_config = config.search
     init, optimizer = (before.module, before.optimizer) if before is not None else (None, None)
+    done = before.metrics["final_epochs"] if before is not None else 0  # one schedule over all the parts
     supernet = supernet_of(search_config)
     if before is None and supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
         init = extract(load_supernet(supernet), ElasticSpec.parse(arch))
@@ -425,6 +427,7 @@ def _train_more(
         unknown_output=config.unknown_output, precision=config.precision, stop=deadline.expired,
         track_val=search_config.plateau() is not None, plateau=plateau,
         prior_val=[h["val_loss"] for h in before.history] if before is not None and plateau else (),
+        schedule_span=(done, max(done + epochs, search_config.final_epochs)), **search_config.recipe(),
     )  # fmt: skip
     if before is None:
         return trained
@@ -489,6 +492,7 @@ def _train_from_init(
         init=weights.module,
         precision=config.precision,
         stop=deadline.expired,
+        **search_config.recipe(),
     )
     report["init"] = {"path": config.init, "sha256": weights.sha256, "seed": weights.seed}
     result = SearchResult(

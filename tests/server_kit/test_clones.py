@@ -1,4 +1,4 @@
-"""One model uploaded under several names counts once (server_kit.clones)."""
+"""One model uploaded under several names counts once (server_kit.teachers.clones)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from common.errors import BundleError
 from edge_sdk.arch import build_model
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_onnx
-from server_kit.clones import weights_digest, without_clones
 from server_kit.teachers import read_uploads
+from server_kit.teachers.clones import weights_digest, without_clones
 
 SHAPE = (1, 8, 8)
 

@@ -1,4 +1,5 @@
-"""Checking each decoder's claimed classes against the teachers that hold them (server_kit.decoder_trust)."""
+"""Checking each decoder's claimed classes against the teachers that hold them
+(server_kit.labelling.decoder_trust)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from common.errors import ConfigError
 from edge_sdk.arch import build_model
 from edge_sdk.data import ArrayDataset, load_dataset
 from edge_sdk.train import TrainConfig, train
-from server_kit.decoder_trust import verify_decoders
+from server_kit.labelling.decoder_trust import verify_decoders
 
 L = 4
 

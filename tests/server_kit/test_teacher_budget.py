@@ -1,5 +1,6 @@
-"""The teachers' cost at the server's batch and phase, and the guard while the phases run (server_kit.budget):
-hostile teachers among honest digits teachers are dropped, named, and the round goes on without them."""
+"""The teachers' cost at the server's batch and phase, and the guard while the phases run
+(server_kit.teachers.budget): hostile teachers among honest digits teachers are dropped, named, and the round
+goes on without them."""
 
 from __future__ import annotations
 
@@ -16,11 +17,19 @@ from edge_sdk.data import load_dataset
 from edge_sdk.train import TrainConfig, train
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_onnx
-from server_kit.aggregate import AggregateConfig, aggregate
-from server_kit.budget import BudgetConfig, Phase, TeacherDropped, guarded, measure_costs, run_guarded
-from server_kit.distill import DistillConfig
-from server_kit.inversion import InversionConfig
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
+from server_kit.synthesis import InversionConfig
 from server_kit.teachers import teachers_from_bundles
+from server_kit.teachers.budget import (
+    BudgetConfig,
+    Phase,
+    TeacherDropped,
+    guarded,
+    measure_costs,
+    run_guarded,
+)
+from server_kit.training import DistillConfig
 
 SHAPE = (1, 8, 8)
 SPECS = ("C8k3-P-F10", "C6k3-P-F16-F10", "C8k3-C8k3-P-F10")
@@ -192,7 +201,7 @@ def test_a_round_drops_a_slow_and_a_nan_teacher_names_them_and_finishes(tmp_path
     import server_kit.aggregate as agg
 
     # the hostile two are put in as loaded teachers; their uploads are models of their own (a copy of an
-    # honest model would be refused as one: server_kit.clones)
+    # honest model would be refused as one: server_kit.teachers.clones)
     with torch.random.fork_rng():
         torch.manual_seed(9)
         stand_ins = [build_model(SPECS[k % 3], SHAPE, 10).eval() for k in (3, 4)]
