@@ -125,8 +125,8 @@ class SimulateConfig:
     classifier devices whose budgets span an order of magnitude (a laptop, a Jetson Nano, a mid-range
     phone, a Raspberry Pi 4: each searches under its own budget) and a CVAE-only wearable
     (FedMHO's constrained device, uploading a decoder alone), so ten clients are two of each. A fleet
-    of one profile would have most clients bundle the same model and never exercise what the server
-    does with architectures and roles that differ. The other shipped profiles (the Jetson Orin, the
+    of one profile gives every client the same budget and role, and never exercises what the server
+    does with teachers of different sizes and with devices that send a decoder alone. The other shipped profiles (the Jetson Orin, the
     low-end phone, the Pi Zero) lie beyond the ends of this range and are one ``profiles`` away.
     """
 
