@@ -126,8 +126,9 @@ class SimulateConfig:
     phone, a Raspberry Pi 4: each searches under its own budget) and a CVAE-only wearable
     (FedMHO's constrained device, uploading a decoder alone), so ten clients are two of each. A fleet
     of one profile gives every client the same budget and role, and never exercises what the server
-    does with teachers of different sizes and with devices that send a decoder alone. The other shipped profiles (the Jetson Orin, the
-    low-end phone, the Pi Zero) lie beyond the ends of this range and are one ``profiles`` away.
+    does with teachers of different sizes and with devices that send a decoder alone. The other
+    shipped profiles (the Jetson Orin, the low-end phone, the Pi Zero) lie beyond the ends of this
+    range and are one ``profiles`` away.
     """
 
     # the dataset to partition: mnist, fashionmnist, cifar10, svhn, digits, or folder (your own images)
