@@ -33,7 +33,7 @@ from edge_sdk.data import ArrayDataset, load_client_data, split_train_val
 from edge_sdk.final_training import train_final
 from export.atomic import atomic_write_json
 from export.bundle import read_bundle
-from server_kit.decoders import filter_by_centroid, load_decoder, sample_decoders
+from server_kit.synthesis.decoders import filter_by_centroid, load_decoder, sample_decoders
 
 REFERENCE_ARCH = "C32k5-P-C64k5-P-F10"
 

@@ -2,7 +2,7 @@
 test set, one model per classifier family (as tests/edge_sdk/test_deploy.py trains them: 3 epochs).
 
     python benchmarks/deploy_parity.py onnx,ort                      # the core install
-    python benchmarks/deploy_parity.py executorch,coreml             # with the [mobile] extra
+    python benchmarks/deploy_parity.py executorch,executorch-train,coreml   # with the [mobile] extra
     python benchmarks/deploy_parity.py tflite                        # with the [tflite] extra
 
 A target whose runtime does not run here (coreml) is converted and reported as such.

@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 row=$1; alpha=$2; what=${3:-all}
-temp=0.9  # the decoders' sampling temperature of simulate's fedmho preset (server_kit.simulate.FEDMHO_TEMPERATURE)
+temp=0.9  # the decoders' sampling temperature of simulate's fedmho preset (server_kit.federation.simulate.FEDMHO_TEMPERATURE)
 weighting=federation  # the preset's split of the decoder budget over classes (AggregateConfig.decoder_weighting)
 run=runs/bench/$row; keep=benchmarks/results/$row
 mkdir -p "$keep"

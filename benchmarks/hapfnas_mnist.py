@@ -40,7 +40,7 @@ from export.atomic import atomic_write_json
 from export.bundle import read_bundle
 from profiles import load_profile
 from server_kit.evaluate import evaluate_onnx
-from server_kit.supernet import SupernetConfig, supernet_from_bundles
+from server_kit.personalization.supernet import SupernetConfig, supernet_from_bundles
 
 
 def main(argv: list[str]) -> None:

@@ -4,7 +4,8 @@
         --variant old:labels.rule=mean,labels.mask=0,labels.drop_mismatch=0,inversion.classes=all \\
         --variant default
 
-Every variant is an :class:`server_kit.aggregate.AggregateConfig` (the default, then ``section.field=value``
+Every variant is an :class:`server_kit.aggregate_config.AggregateConfig` (the default, then
+``section.field=value``
 overrides; sections ``labels``, ``inversion``, ``generator``, ``distill``, or a top-level field) run through
 the same phases ``server-kit aggregate`` runs (``synthesize``, ``label``, ``train_global``), so a row here
 is what the CLI would give. Variants that differ only after synthesis share its samples (cached in
@@ -32,19 +33,15 @@ import torch
 from edge_sdk.data import load_client_data
 from edge_sdk.train import to_float
 from export.atomic import atomic_write_json
-from server_kit.abstain import own_probability
-from server_kit.adversarial import AdversarialConfig
-from server_kit.aggregate import (
-    AggregateConfig,
-    Federation,
-    label,
-    split_kinds,
-    synthesize,
-    top_up,
-    train_global,
-)
-from server_kit.labels import class_shares, held_classes
-from server_kit.teachers import read_uploads, teachers_from_bundles
+from server_kit.aggregate_config import AggregateConfig
+from server_kit.labelling import label, top_up
+from server_kit.synthesis import synthesize
+from server_kit.teachers import Federation, split_kinds
+from server_kit.teachers.abstain import own_probability
+from server_kit.teachers.counts import class_shares, held_classes
+from server_kit.teachers.loading import read_uploads, teachers_from_bundles
+from server_kit.training import train_global
+from server_kit.training.adversarial import AdversarialConfig
 
 SECTIONS = ("labels", "inversion", "generator", "distill", "adversarial")
 
@@ -181,14 +178,14 @@ def main() -> None:
             (work / tag).mkdir(parents=True, exist_ok=True)
             if not (work / tag / "synthetic").exists():
                 (work / tag / "synthetic").symlink_to(chunks.resolve(), target_is_directory=True)
-            cache[key] = synthesize(fed, config, work / tag)
+            cache[key] = synthesize(fed, config.synthesis_config(bool(fed.decoders)), work / tag)
         synthesis = cache[key]
         t_synth = time.perf_counter() - t0
         t0 = time.perf_counter()
-        labels = label(fed, synthesis, config)
-        synthesis, labels = top_up(fed, synthesis, labels, config)
+        labels = label(fed, synthesis, config.labelling_config())
+        synthesis, labels = top_up(fed, synthesis, labels, config.labelling_config())
         t_label = time.perf_counter() - t0
-        training = train_global(fed, synthesis, labels, config, teachers=teachers)
+        training = train_global(fed, synthesis, labels, config.training_config(), teachers=teachers)
         per_class = per_class_accuracy(training.student, x_test, y_test, fed.num_classes)
         acc = float(
             sum(per_class[c] * int((y_test == c).sum()) for c in range(fed.num_classes)) / len(y_test)

@@ -29,7 +29,7 @@ from export.atomic import atomic_write_json
 from export.bundle import read_bundle
 from export.package import read_package
 from server_kit.evaluate import evaluate_onnx
-from server_kit.pke import PKEConfig, personalize_server
+from server_kit.personalization.pke import PKEConfig, personalize_server
 
 
 def main(argv: list[str]) -> None:

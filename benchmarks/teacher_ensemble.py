@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/teacher_ensemble.py RUN_NAME [RUN_NAME ...]
 
 For each `runs/bench/RUN_NAME` (a simulate output with 10 client bundles): the argmax accuracy of the
-mean consensus and of the label-weighted consensus (`server_kit.distill.consensus`, tau 1) of all
+mean consensus and of the label-weighted consensus (`server_kit.training.distill.consensus`, tau 1) of all
 classifier teachers on `data/test.npz`. Writes benchmarks/results/teacher_ensemble.json.
 """
 
@@ -18,8 +18,9 @@ import torch
 from edge_sdk.data import load_client_data
 from edge_sdk.train import to_float
 from export.atomic import atomic_write_json
-from server_kit.labels import class_shares, consensus
-from server_kit.teachers import load_teachers
+from server_kit.labelling.labels import consensus
+from server_kit.teachers.counts import class_shares
+from server_kit.teachers.loading import load_teachers
 
 
 def main(runs: list[str]) -> None:

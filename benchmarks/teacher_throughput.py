@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/teacher_throughput.py BUNDLE [BUNDLE ...] [--threads 1] [--out FILE]
 
 1. inversion step (forward + backward to the input, batch 64) with teachers loaded from bundles
-   (`server_kit.teachers.load_teacher`: rebuilt from arch + ONNX weights, and the generic converter)
+   (`server_kit.teachers.loading.load_teacher`: rebuilt from arch + ONNX weights, and the generic converter)
    vs the same teachers as native torch modules;
 2. the SDK training loop (`edge_sdk.train.train`) vs a plain PyTorch loop on the same model and
    preloaded tensors;
@@ -31,8 +31,8 @@ from export.atomic import atomic_write_json
 from export.bundle import read_bundle
 from export.onnx_export import onnx_session
 from export.weights import initializer_state_dict
-from server_kit.onnx_convert import convert_onnx
-from server_kit.teachers import load_teacher
+from server_kit.teachers.loading import load_teacher
+from server_kit.teachers.onnx_convert import convert_onnx
 
 
 def interleaved(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from common.errors import ConfigError
 
-__all__ = ["LONE_LAST", "fit", "fit_terms", "minibatches", "step"]
+__all__ = ["LONE_LAST", "batches_per_epoch", "fit", "fit_terms", "minibatches", "step"]
 
 # what becomes of a trailing batch of one sample, which BatchNorm cannot normalise on 1x1 maps: kept,
 # merged into the batch before it, or dropped (every batch of one is dropped, so batch size 1 trains nothing)
@@ -43,17 +43,28 @@ def minibatches(
     Drawn whole before the first batch, so a loss that draws from the same generator (augmentation) draws
     after it, as a hand-written loop would.
     """
-    if lone_last not in LONE_LAST:
-        raise ConfigError(f"lone_last must be one of {LONE_LAST}, got {lone_last!r}")
+    bounds = _bounds(n, batch_size, lone_last)
     order = torch.randperm(n, generator=generator)
     if device is not None:
         order = order.to(device)
+    return [order[start:stop] for start, stop in bounds]
+
+
+def batches_per_epoch(n: int, batch_size: int, *, lone_last: str = "keep") -> int:
+    """The number of batches (optimizer steps) :func:`minibatches` cuts an epoch into: what a learning-
+    rate schedule over a whole training run counts its steps in."""
+    return len(_bounds(n, batch_size, lone_last))
+
+
+def _bounds(n: int, batch_size: int, lone_last: str) -> list[tuple[int, int]]:
+    if lone_last not in LONE_LAST:
+        raise ConfigError(f"lone_last must be one of {LONE_LAST}, got {lone_last!r}")
     bounds = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
     if lone_last == "merge" and len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
         bounds[-2:] = [(bounds[-2][0], n)]
     elif lone_last == "drop":
         bounds = [(start, stop) for start, stop in bounds if stop - start >= 2]
-    return [order[start:stop] for start, stop in bounds]
+    return bounds
 
 
 def step(optimizer: torch.optim.Optimizer, loss: Tensor) -> None:
@@ -77,6 +88,7 @@ def fit_terms(
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
     logged: tuple[str, ...] = (),
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> list[dict[str, float]]:
     """The loop. Train for ``epochs`` of :func:`minibatches`; returns, per epoch, the mean of each named
     term over the samples of the epoch.
@@ -90,7 +102,8 @@ def fit_terms(
 
     ``stop()`` (a time budget's :meth:`common.timing.Deadline.expired`) is asked after every epoch but the
     last: True ends the training there, so the epoch during which a budget runs out is the last one and
-    at least one epoch always runs.
+    at least one epoch always runs. ``scheduler`` (over ``optimizer``) steps after every optimizer step:
+    a schedule counts batches, so it decays as smoothly over a short run as over a long one.
     """
     history: list[dict[str, float]] = []
     bar = tqdm(range(epochs), desc=desc, unit="epoch", disable=not progress, leave=False)
@@ -109,6 +122,8 @@ def fit_terms(
                     f"of the terms {list(terms)}; fix: log only some of the terms terms_fn returns"
                 )
             step(optimizer, sum(trained))  # type: ignore[arg-type]
+            if scheduler is not None:
+                scheduler.step()
             for name, value in terms.items():
                 weighted = value.detach() * len(idx)
                 totals[name] = totals[name] + weighted if name in totals else weighted
@@ -136,6 +151,7 @@ def fit(
     desc: str = "train",
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> list[float]:
     """:func:`fit_terms` with one term, ``loss_fn(idx)``: the mean loss of each epoch over its samples."""
     history = fit_terms(
@@ -150,5 +166,6 @@ def fit(
         desc=desc,
         progress=progress,
         stop=stop,
+        scheduler=scheduler,
     )
     return [epoch["loss"] for epoch in history]

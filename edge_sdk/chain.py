@@ -3,13 +3,16 @@
 A chain spec is a sequence of modules written as a readable string::
 
     C32k3-P-C64k5-Pavg-F128-F10
+    C32k3-R32k3-P-R64k3-P-F10
 
-``C{out}k{kernel}`` is conv (stride 1, same padding, no bias) + BatchNorm + ReLU; ``P`` / ``Pavg`` is a
-2x2 max / average pooling with stride 2; ``F{units}`` is a fully connected layer. Every F but the last is
-followed by ReLU and Dropout(0.3); the last F is the classification head and has ``num_classes`` units.
-Rules: the first module is C, the chain ends with at least one F, no C or P after the first F, depth
-3..20, at most 128 channels, kernel at most 7, hidden F at most 300 units, and no pooling may shrink the
-feature map below 1x1.
+``C{out}k{kernel}`` is conv (stride 1, same padding, no bias) + BatchNorm + ReLU; ``R{out}k{kernel}`` is a
+residual block (two such convs, the second's ReLU after the sum with the block's input, through a 1x1
+conv + BatchNorm where the channel count changes: what lets a chain grow deep enough for natural images
+and still train); ``P`` / ``Pavg`` is a 2x2 max / average pooling with stride 2; ``F{units}`` is a fully
+connected layer. Every F but the last is followed by ReLU and Dropout(0.3); the last F is the
+classification head and has ``num_classes`` units. Rules: the first module is C (the stem), the chain
+ends with at least one F, no C, R or P after the first F, depth 3..20, at most 128 channels, kernel at
+most 7, hidden F at most 300 units, and no pooling may shrink the feature map below 1x1.
 
 The chain is the family of unprefixed strings in :mod:`edge_sdk.arch`'s registry, and the only family
 whose head is part of the spec (:meth:`ChainSpec.with_num_classes` resizes it to a task).
@@ -40,8 +43,11 @@ __all__ = [
     "ChainSpec",
     "Conv",
     "Dense",
+    "Features",
     "Layer",
     "Pool",
+    "Residual",
+    "ResidualBlock",
 ]
 
 MIN_DEPTH = 3
@@ -64,6 +70,18 @@ class Conv:
 
 
 @dataclass(frozen=True)
+class Residual:
+    """Two Conv(k x k) + BatchNorm, ReLU between; the sum with the input (1x1 conv + BN when the
+    channels change), then ReLU."""
+
+    out_channels: int
+    kernel_size: int
+
+    def __str__(self) -> str:
+        return f"R{self.out_channels}k{self.kernel_size}"
+
+
+@dataclass(frozen=True)
 class Pool:
     """2x2 pooling with stride 2."""
 
@@ -83,20 +101,23 @@ class Dense:
         return f"F{self.units}"
 
 
-Layer = Conv | Pool | Dense
+Layer = Conv | Residual | Pool | Dense
+Features = Conv | Residual  # the modules that convolve (channels and kernel)
 
 # at most 9 digits a number: int() of a hostile 5,000-digit one raises ValueError, a spec never needs it
-_TOKEN = re.compile(r"^(?:C(?P<c>\d{1,9})k(?P<k>\d{1,9})|(?P<p>P|Pmax|Pavg)|F(?P<f>\d{1,9}))$")
+_TOKEN = re.compile(r"^(?:(?P<kind>[CR])(?P<c>\d{1,9})k(?P<k>\d{1,9})|(?P<p>P|Pmax|Pavg)|F(?P<f>\d{1,9}))$")
 
 
 def _parse_layer(token: str) -> Layer:
     match = _TOKEN.match(token)
     if match is None:
         raise SpecError(
-            f"cannot parse module {token!r}; expected C<channels>k<kernel> (e.g. C32k3), P, Pavg or F<units>"
+            f"cannot parse module {token!r}; expected C<channels>k<kernel> (e.g. C32k3), "
+            "R<channels>k<kernel> (e.g. R64k3), P, Pavg or F<units>"
         )
     if match["c"] is not None:
-        return Conv(int(match["c"]), int(match["k"]))
+        kind = Conv if match["kind"] == "C" else Residual
+        return kind(int(match["c"]), int(match["k"]))
     if match["p"] is not None:
         return Pool("avg" if match["p"] == "Pavg" else "max")
     return Dense(int(match["f"]))
@@ -122,9 +143,10 @@ class ChainSpec:
         """Sorted JSON: ``{"kind": "chain", "layers": [{"type": "C", ...}, ...]}``."""
         out = []
         for layer in self.layers:
-            if isinstance(layer, Conv):
+            if isinstance(layer, Features):
+                kind = "C" if isinstance(layer, Conv) else "R"
                 out.append(
-                    {"type": "C", "out_channels": layer.out_channels, "kernel_size": layer.kernel_size}
+                    {"type": kind, "out_channels": layer.out_channels, "kernel_size": layer.kernel_size}
                 )
             elif isinstance(layer, Pool):
                 out.append({"type": "P", "kind": layer.kind})
@@ -138,14 +160,15 @@ class ChainSpec:
             data = json.loads(text)
             layers: list[Layer] = []
             for item in data["layers"]:
-                if item["type"] == "C":
-                    layers.append(Conv(int(item["out_channels"]), int(item["kernel_size"])))
+                if item["type"] in ("C", "R"):
+                    kind = Conv if item["type"] == "C" else Residual
+                    layers.append(kind(int(item["out_channels"]), int(item["kernel_size"])))
                 elif item["type"] == "P":
                     layers.append(Pool(item.get("kind", "max")))
                 elif item["type"] == "F":
                     layers.append(Dense(int(item["units"])))
                 else:
-                    raise SpecError(f"unknown layer type {item['type']!r}; expected C, P or F")
+                    raise SpecError(f"unknown layer type {item['type']!r}; expected C, R, P or F")
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as err:
             if isinstance(err, SpecError):
                 raise
@@ -186,8 +209,8 @@ class ChainSpec:
                 if layer.units < 1:
                     errs.append(f"module {i} ({layer}): units must be >= 1")
             elif seen_dense:
-                errs.append(f"module {i} ({layer}): C and P modules must come before the first F")
-            if isinstance(layer, Conv):
+                errs.append(f"module {i} ({layer}): C, R and P modules must come before the first F")
+            if isinstance(layer, Features):
                 if not 1 <= layer.out_channels <= MAX_CHANNELS:
                     errs.append(f"module {i} ({layer}): channels must be in [1, {MAX_CHANNELS}]")
                 if not 1 <= layer.kernel_size <= MAX_KERNEL or layer.kernel_size % 2 == 0:
@@ -217,11 +240,9 @@ class ChainSpec:
         macs = params = 0
         features = None
         for layer in self.layers:
-            if isinstance(layer, Conv):
-                k = layer.kernel_size
-                macs += h * w * layer.out_channels * c * k * k
-                params += layer.out_channels * c * k * k + 2 * layer.out_channels  # no bias; BN affine
-                c = layer.out_channels
+            if isinstance(layer, Features):
+                m, p = _conv_cost(layer, c, h * w)
+                macs, params, c = macs + m, params + p, layer.out_channels
             elif isinstance(layer, Pool):
                 h, w = h // 2, w // 2
             else:
@@ -231,6 +252,39 @@ class ChainSpec:
                 params += features * layer.units + layer.units
                 features = layer.units
         return 2 * macs, params
+
+
+def _conv_cost(layer: Features, c: int, pixels: int) -> tuple[int, int]:
+    """(MACs, parameters) of a C or R module on ``c`` channels of ``pixels`` pixels (no conv bias; every
+    BatchNorm's affine pair counted)."""
+    out, k = layer.out_channels, layer.kernel_size
+    macs, params = pixels * out * c * k * k, out * c * k * k + 2 * out
+    if isinstance(layer, Residual):
+        macs += pixels * out * out * k * k
+        params += out * out * k * k + 2 * out
+        if c != out:  # the projection shortcut
+            macs += pixels * out * c
+            params += out * c + 2 * out
+    return macs, params
+
+
+class ResidualBlock(nn.Module):
+    """The torch module of a :class:`Residual` module (stride 1, same padding)."""
+
+    def __init__(self, in_channels: int, layer: Residual) -> None:
+        super().__init__()
+        out, k = layer.out_channels, layer.kernel_size
+        self.conv1 = nn.Conv2d(in_channels, out, k, padding=k // 2, bias=False)
+        self.bn1 = nn.BatchNorm2d(out)
+        self.conv2 = nn.Conv2d(out, out, k, padding=k // 2, bias=False)
+        self.bn2 = nn.BatchNorm2d(out)
+        self.shortcut: nn.Module = nn.Identity()
+        if in_channels != out:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out, 1, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
 
 
 class ChainNet(nn.Module):
@@ -250,6 +304,9 @@ class ChainNet(nn.Module):
                     nn.BatchNorm2d(layer.out_channels),
                     nn.ReLU(inplace=True),
                 ]
+                c = layer.out_channels
+            elif isinstance(layer, Residual):
+                feats.append(ResidualBlock(c, layer))
                 c = layer.out_channels
             elif isinstance(layer, Pool):
                 feats.append(nn.MaxPool2d(2) if layer.kind == "max" else nn.AvgPool2d(2))

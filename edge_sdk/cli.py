@@ -11,75 +11,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from common.cli import Output, cli_main, json_text, out_dir, out_file, root_parser
 from common.config_args import add_config_args, given_table
 from common.configs import config_from_dict
 from edge_sdk import __version__
+from edge_sdk.options import add_search_selectors, client_groups, cvae_config, search_classes, search_config
 
-__all__ = ["add_search_selectors", "client_groups", "cvae_config", "main", "search_classes", "search_config"]
+__all__ = ["build_parser", "main"]
 
 logger = logging.getLogger("edge_sdk")
-
-
-def search_classes() -> tuple[type, ...]:
-    """The config classes of the search strategies (their fields' union is the search options)."""
-    from edge_sdk.search import STRATEGIES
-
-    return tuple(strategy.config for strategy in STRATEGIES.values())
-
-
-def add_search_selectors(p: argparse.ArgumentParser) -> None:
-    """``--preset`` and ``--strategy``: not fields, they pick the search config's class and base values."""
-    from edge_sdk.search import STRATEGIES
-    from edge_sdk.strategies.base import SHARED_PRESETS
-
-    p.add_argument("--preset", choices=tuple(SHARED_PRESETS), help="search preset (default: fast)")
-    p.add_argument(
-        "--strategy",
-        choices=tuple(STRATEGIES),
-        help="search strategy (default: pso); an option of another strategy is refused",
-    )
-
-
-def add_cvae_preset(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cvae-preset", help="CVAE preset: fast (the default) or a dataset name")
-
-
-def client_groups(p: argparse.ArgumentParser, own: str, prefix: str = "") -> dict[str, Any]:
-    """The argument groups of a device's options, by the config they set ("" its own fields, titled
-    ``own``; its search's and its CVAE's, titled after ``prefix``), with the presets in theirs."""
-    groups = {
-        "": p.add_argument_group(own),
-        "search": p.add_argument_group(f"{prefix}architecture search"),
-        "cvae": p.add_argument_group(f"{prefix}CVAE (devices too small for a classifier)"),
-    }
-    add_search_selectors(groups["search"])
-    add_cvae_preset(groups["cvae"])
-    return groups
-
-
-def cvae_config(args: argparse.Namespace, given: Mapping[str, Any], base: Any = None):  # -> CVAEConfig
-    """The CVAE settings: ``--cvae-preset`` (or ``base``, else ``fast``) with the given ``--cvae-*``
-    options (``given``: the fields given)."""
-    from edge_sdk.cvae import CVAEConfig
-
-    if base is not None and args.cvae_preset is None:
-        return config_from_dict(CVAEConfig, given, what="cvae options", base=base)
-    return CVAEConfig.preset(args.cvae_preset or "fast", **given)
-
-
-def search_config(args: argparse.Namespace, given: Mapping[str, Any], base: Any = None):  # -> SearchConfig
-    """The search settings: ``--preset`` (or ``base``, else ``fast``) of ``--strategy`` (or the base's,
-    else pso) with the given search fields; a field of another strategy is refused."""
-    from edge_sdk.search import build_search_config, replace_search_config
-
-    options = {**given, **({"strategy": args.strategy} if args.strategy is not None else {})}
-    if base is not None and args.preset is None:
-        return replace_search_config(base, **options)
-    return build_search_config(args.preset or "fast", **options)
 
 
 def load_data(args: argparse.Namespace):  # -> ArrayDataset
@@ -365,16 +307,8 @@ def cmd_deploy(args: argparse.Namespace) -> Output:
     return Output(data, [line])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser, command = root_parser(
-        "edge-sdk",
-        "Edge SDK: profile the device, search/train a model under its budget, export ONNX, write a bundle.",
-        version=__version__,
-    )
-
-    p = command(
-        "partition", cmd_partition, "Dirichlet label-skew partition of a dataset into client .npz files"
-    )
+def _partition_args(p: argparse.ArgumentParser) -> None:
+    """``edge-sdk partition``'s options."""
     p.add_argument(
         "--dataset",
         required=True,
@@ -399,147 +333,178 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--download", action="store_true", help="download the dataset if missing (needs internet)")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
 
-    p = command("profile", cmd_profile, "measure this device and write a profile TOML")
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    """``edge-sdk profile``'s options."""
     p.add_argument("--out", type=out_file, help="profile TOML to write")
     p.add_argument("--name", default="this-device")
     p.add_argument("--role", default="classifier", choices=["classifier", "cvae"])
     p.add_argument("--seconds", type=float, default=2.0, help="time per micro-benchmark")
 
-    command("profiles", cmd_profiles, "list the shipped device profiles")
 
-    def data_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data", required=True, help="client data: .npz (x, y) or an image folder")
-        p.add_argument("--num-classes", type=int, help="class count when the data file does not record it")
-        p.add_argument(
-            "--image-size", type=int, help="an image folder's images scaled and centre-cropped to this square"
-        )
-
-    def training_args(p: argparse.ArgumentParser) -> None:
-        """search and train take no config class: their few options are declared here."""
-        from edge_sdk.precision import PRECISIONS
-
-        data_args(p)
-        p.add_argument("--val-fraction", type=float, default=0.2, help="local validation split")
-        p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-        p.add_argument(
-            "--precision",
-            default="auto",
-            choices=PRECISIONS,
-            help="training precision: bf16 autocast where the hardware has it (auto, the default), or as "
-            "given; the exported model and its reported accuracy are float32",
-        )
-        p.add_argument("--seed", type=int, default=0, help="seed of the split, search and training")
-
-    def build_search(p: argparse.ArgumentParser) -> None:
-        training_args(p)
-        p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
-        p.add_argument("--out", required=True, type=out_file, help="search result JSON")
-        group = p.add_argument_group("architecture search")
-        add_search_selectors(group)
-        flags = add_config_args(p, search_classes(), groups={"": group}, common=SEARCH_COMMON)
-        p.set_defaults(flags=flags)
-
-    command(
-        "search", cmd_search, "architecture search under the device budget (writes search JSON)", build_search
-    )
-
-    def build_train(p: argparse.ArgumentParser) -> None:
-        training_args(p)
-        p.add_argument("--arch", required=True, help="architecture spec, e.g. C32k3-P-C64k5-P-F128-F10")
-        p.add_argument("--epochs", type=int, default=8)
-        p.add_argument("--lr", type=float, default=1e-3)
-        p.add_argument("--batch-size", type=int, default=64)
-        p.add_argument("--out", required=True, type=out_file, help="model .onnx to write")
-        p.add_argument(
-            "--unknown-output",
-            action="store_true",
-            help="FedOV: train the classifier with an extra 'none of my classes' output on corrupted local "
-            "images, so the server can tell when it does not know a sample",
-        )
-
-    command(
-        "train",
-        cmd_train,
-        "train one architecture on local data (writes a BN-preserving ONNX model)",
-        build_train,
-    )
-
-    p = command("export", cmd_export, "wrap a model from `edge-sdk train` into a client bundle")
+def _export_args(p: argparse.ArgumentParser) -> None:
+    """``edge-sdk export``'s options."""
     p.add_argument("--model", required=True, help="model .onnx written by `edge-sdk train`")
     p.add_argument("--profile", required=True)
     p.add_argument("--seed", type=int, default=0, help="seed recorded in the bundle manifest")
     p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
 
-    def build_run(p: argparse.ArgumentParser) -> None:
-        from edge_sdk.client import ClientConfig
 
-        data_args(p)
-        p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
-        p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
-        p.add_argument(
-            "--emulate",
-            action="store_true",
-            help="this machine stands in for the profile's device (testing, simulation): the toolkit's own "
-            "memory is not held to the profile's memory_mb (without it, a device too small to run "
-            "`edge-sdk run` is refused and auto steps down to a role that fits)",
-        )
-        flags = add_config_args(
-            p,
-            ClientConfig,
-            flatten=("search",),
-            skip=("progress",),
-            families={"search": search_classes()},
-            groups=client_groups(p, "device"),
-            common=RUN_COMMON,
-        )
-        p.set_defaults(flags=flags)
+def _inspect_args(p: argparse.ArgumentParser) -> None:
+    """``edge-sdk inspect``'s options."""
+    p.add_argument("file")
+    p.add_argument("--extract-onnx", type=out_file, help="write the bundled ONNX model here")
 
-    command(
-        "run", cmd_run, "search -> train -> export -> bundle in one call (or train a CVAE: --role)", build_run
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="client data: .npz (x, y) or an image folder")
+    p.add_argument("--num-classes", type=int, help="class count when the data file does not record it")
+    p.add_argument(
+        "--image-size", type=int, help="an image folder's images scaled and centre-cropped to this square"
     )
 
-    def build_personalize(p: argparse.ArgumentParser) -> None:
-        from edge_sdk.personalize import PersonalizeConfig
 
-        data_args(p)
-        p.add_argument("--model", required=True, help="this device's bundle from `edge-sdk run`")
-        p.add_argument("--package", required=True, help="the package `server-kit personalize` wrote for it")
-        p.add_argument("--out", required=True, type=out_dir, help="output directory")
-        p.set_defaults(flags=add_config_args(p, PersonalizeConfig))
+def _training_args(p: argparse.ArgumentParser) -> None:
+    """search and train take no config class: their few options are declared here."""
+    from edge_sdk.precision import PRECISIONS
 
+    _data_args(p)
+    p.add_argument("--val-fraction", type=float, default=0.2, help="local validation split")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISIONS,
+        help="training precision: bf16 autocast where the hardware has it (auto, the default), or as "
+        "given; the exported model and its reported accuracy are float32",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the split, search and training")
+
+
+def _build_search(p: argparse.ArgumentParser) -> None:
+    _training_args(p)
+    p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
+    p.add_argument("--out", required=True, type=out_file, help="search result JSON")
+    group = p.add_argument_group("architecture search")
+    add_search_selectors(group)
+    flags = add_config_args(p, search_classes(), groups={"": group}, common=SEARCH_COMMON)
+    p.set_defaults(flags=flags)
+
+
+def _build_train(p: argparse.ArgumentParser) -> None:
+    _training_args(p)
+    p.add_argument("--arch", required=True, help="architecture spec, e.g. C32k3-P-C64k5-P-F128-F10")
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--out", required=True, type=out_file, help="model .onnx to write")
+    p.add_argument(
+        "--unknown-output",
+        action="store_true",
+        help="FedOV: train the classifier with an extra 'none of my classes' output on corrupted local "
+        "images, so the server can tell when it does not know a sample",
+    )
+
+
+def _build_run(p: argparse.ArgumentParser) -> None:
+    from edge_sdk.client import ClientConfig
+
+    _data_args(p)
+    p.add_argument("--profile", required=True, help="shipped profile name or path to a profile TOML")
+    p.add_argument("--out", required=True, type=out_file, help="bundle file to write")
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="this machine stands in for the profile's device (testing, simulation): the toolkit's own "
+        "memory is not held to the profile's memory_mb (without it, a device too small to run "
+        "`edge-sdk run` is refused and auto steps down to a role that fits)",
+    )
+    flags = add_config_args(
+        p,
+        ClientConfig,
+        flatten=("search",),
+        skip=("progress",),
+        families={"search": search_classes()},
+        groups=client_groups(p, "device"),
+        common=RUN_COMMON,
+    )
+    p.set_defaults(flags=flags)
+
+
+def _build_personalize(p: argparse.ArgumentParser) -> None:
+    from edge_sdk.personalize import PersonalizeConfig
+
+    _data_args(p)
+    p.add_argument("--model", required=True, help="this device's bundle from `edge-sdk run`")
+    p.add_argument("--package", required=True, help="the package `server-kit personalize` wrote for it")
+    p.add_argument("--out", required=True, type=out_dir, help="output directory")
+    p.set_defaults(flags=add_config_args(p, PersonalizeConfig))
+
+
+def _build_deploy(p: argparse.ArgumentParser) -> None:
+    from edge_sdk.deploy import DeployConfig
+
+    p.add_argument(
+        "model",
+        help="a classifier the toolkit wrote: global.onnx, a personalized deploy.onnx, a client .bundle",
+    )
+    p.add_argument("--out", required=True, type=out_file, help="the file to write (side files beside it)")
+    p.add_argument(
+        "--calibration",
+        help="this device's data (.npz or image folder): calibrates --int8, and the converted model is "
+        "checked against the float32 one on it",
+    )
+    p.set_defaults(flags=add_config_args(p, DeployConfig))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser, command = root_parser(
+        "edge-sdk",
+        "Edge SDK: profile the device, search/train a model under its budget, export ONNX, write a bundle.",
+        version=__version__,
+    )
+    _partition_args(
+        command(
+            "partition", cmd_partition, "Dirichlet label-skew partition of a dataset into client .npz files"
+        )
+    )
+    _profile_args(command("profile", cmd_profile, "measure this device and write a profile TOML"))
+    command("profiles", cmd_profiles, "list the shipped device profiles")
+    command(
+        "search",
+        cmd_search,
+        "architecture search under the device budget (writes search JSON)",
+        _build_search,
+    )
+    command(
+        "train",
+        cmd_train,
+        "train one architecture on local data (writes a BN-preserving ONNX model)",
+        _build_train,
+    )
+    _export_args(command("export", cmd_export, "wrap a model from `edge-sdk train` into a client bundle"))
+    command(
+        "run",
+        cmd_run,
+        "search -> train -> export -> bundle in one call (or train a CVAE: --role)",
+        _build_run,
+    )
     command(
         "personalize",
         cmd_personalize,
         "personalise this device's model with the server's package; export fp32 and int8 ONNX",
-        build_personalize,
+        _build_personalize,
     )
-
-    def build_deploy(p: argparse.ArgumentParser) -> None:
-        from edge_sdk.deploy import DeployConfig
-
-        p.add_argument(
-            "model",
-            help="a classifier the toolkit wrote: global.onnx, a personalized deploy.onnx, a client .bundle",
-        )
-        p.add_argument("--out", required=True, type=out_file, help="the file to write (side files beside it)")
-        p.add_argument(
-            "--calibration",
-            help="this device's data (.npz or image folder): calibrates --int8, and the converted model is "
-            "checked against the float32 one on it",
-        )
-        p.set_defaults(flags=add_config_args(p, DeployConfig))
-
     command(
         "deploy",
         cmd_deploy,
-        "convert a classifier for a phone runtime: onnx, ort, tflite, executorch or coreml",
-        build_deploy,
+        "convert a classifier for a phone runtime: onnx, ort, tflite, executorch, executorch-train "
+        "(a training program: fine-tuning on the phone) or coreml",
+        _build_deploy,
     )
-
-    p = command("inspect", cmd_inspect, "print a bundle's manifest (and optionally extract its ONNX)")
-    p.add_argument("file")
-    p.add_argument("--extract-onnx", type=out_file, help="write the bundled ONNX model here")
-
+    _inspect_args(
+        command("inspect", cmd_inspect, "print a bundle's manifest (and optionally extract its ONNX)")
+    )
     p = command(
         "upgrade",
         cmd_upgrade,

@@ -79,8 +79,9 @@ FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epo
 # The code that made a client's files: the toolkit's version, plus the client pipeline's own number, bumped
 # when a change makes the same settings and data give another bundle (new training, export or metrics),
 # so a resume redoes the clients of older code even between releases
-# 2: the time budget stops the search and final training; 3: successive halving in rungs, plateau stop
-CODE_VERSION = f"{__version__}+client.3"
+# 2: the time budget stops the search and final training; 3: successive halving in rungs, plateau stop;
+# 4: the color training recipe (augmentation, weight decay, cosine schedule) and the chain's residual block
+CODE_VERSION = f"{__version__}+client.4"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,32 +287,67 @@ def run_client(
     if classifies:
         result = _run_classifier(train_split, val_split, budgeted, config, out, seconds, report, deadline)
     if decodes:
-        path = out if role == "cvae" else decoder_bundle_path(out)
-        with timed(seconds, "cvae_train"):
-            trained = train_cvae_final(
-                train_split,
-                val_split,
-                config=config.cvae,
-                profile=profile,
-                seed=config.seed,
-                device=config.device,
-                progress=config.progress,
-            )
-        with timed(seconds, "cvae_export"):
-            bundle_cvae(trained, profile, path, seed=config.seed)
-        entry = {"bundle": path.name, "arch": trained.arch, "metrics": trained.metrics}
-        cvae_metrics = dict(trained.metrics)
-        report["curves"] = report.get("curves", {}) | curve_records({"cvae": trained.history})
-        if result is None:
-            report |= entry | {"search": None}
-            result = ClientResult(path, report_path, trained.arch, None, dict(trained.metrics), seconds, role)
-        else:
-            report["decoder"] = entry
-            result = ClientResult(
-                out, report_path, result.arch, result.search, result.metrics, seconds, role, (path,)
-            )
+        result, cvae_metrics = _run_decoder(
+            train_split, val_split, profile, config, out, role, result, seconds, report
+        )
     assert result is not None
-    subset = min(len(train_split), config.search.max_train_samples or len(train_split))
+    report["device_plan"] = _plan_kept(plan, config, result, report, cvae_metrics, seconds, sizes)
+    report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
+    atomic_write_json(report_path, dict(sorted(report.items())))
+    release_memory()  # a simulation's worker goes on to the next client with what it freed given back
+    return result
+
+
+def _run_decoder(
+    train_split: ArrayDataset,
+    val_split: ArrayDataset,
+    profile: DeviceProfile,
+    config: ClientConfig,
+    out: Path,
+    role: str,
+    result: ClientResult | None,
+    seconds: dict[str, float],
+    report: dict[str, Any],
+) -> tuple[ClientResult, dict[str, Any]]:
+    """Train and bundle the CVAE: the client's bundle for ``cvae``, beside the classifier's for ``both``."""
+    path = out if role == "cvae" else decoder_bundle_path(out)
+    report_path = out.with_name(out.name + ".report.json")
+    with timed(seconds, "cvae_train"):
+        trained = train_cvae_final(
+            train_split,
+            val_split,
+            config=config.cvae,
+            profile=profile,
+            seed=config.seed,
+            device=config.device,
+            progress=config.progress,
+        )
+    with timed(seconds, "cvae_export"):
+        bundle_cvae(trained, profile, path, seed=config.seed)
+    entry = {"bundle": path.name, "arch": trained.arch, "metrics": trained.metrics}
+    report["curves"] = report.get("curves", {}) | curve_records({"cvae": trained.history})
+    if result is None:
+        report |= entry | {"search": None}
+        result = ClientResult(path, report_path, trained.arch, None, dict(trained.metrics), seconds, role)
+    else:
+        report["decoder"] = entry
+        result = ClientResult(
+            out, report_path, result.arch, result.search, result.metrics, seconds, role, (path,)
+        )
+    return result, dict(trained.metrics)
+
+
+def _plan_kept(
+    plan: dict[str, Any],
+    config: ClientConfig,
+    result: ClientResult,
+    report: dict[str, Any],
+    cvae_metrics: dict[str, Any] | None,
+    seconds: dict[str, float],
+    sizes: dict[str, int],
+) -> dict[str, Any]:
+    """The device plan against what the run spent: FLOPs counted from what ran, seconds measured."""
+    subset = min(sizes["n_train"], config.search.max_train_samples or sizes["n_train"])
     spent = actual_flops(
         candidates=[(e.flops, e.epochs) for e in (result.search.evaluations if result.search else ())],
         finalists=report.get("finalists", []),
@@ -322,11 +358,7 @@ def run_client(
         **sizes,
     )
     measured = sum(seconds.get(phase, 0.0) for phase in ("search", "train", "cvae_train"))
-    report["device_plan"] = compare(plan, spent, measured)
-    report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
-    atomic_write_json(report_path, dict(sorted(report.items())))
-    release_memory()  # a simulation's worker goes on to the next client with what it freed given back
-    return result
+    return compare(plan, spent, measured)
 
 
 def _train_finalists(
@@ -416,6 +448,7 @@ def _train_more(
     lowest validation loss are returned (:func:`edge_sdk.final_training.train_final`)."""
     search_config = config.search
     init, optimizer = (before.module, before.optimizer) if before is not None else (None, None)
+    done = before.metrics["final_epochs"] if before is not None else 0  # one schedule over all the parts
     supernet = supernet_of(search_config)
     if before is None and supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
         init = extract(load_supernet(supernet), ElasticSpec.parse(arch))
@@ -425,6 +458,7 @@ def _train_more(
         unknown_output=config.unknown_output, precision=config.precision, stop=deadline.expired,
         track_val=search_config.plateau() is not None, plateau=plateau,
         prior_val=[h["val_loss"] for h in before.history] if before is not None and plateau else (),
+        schedule_span=(done, max(done + epochs, search_config.final_epochs)), **search_config.recipe(),
     )  # fmt: skip
     if before is None:
         return trained
@@ -489,6 +523,7 @@ def _train_from_init(
         init=weights.module,
         precision=config.precision,
         stop=deadline.expired,
+        **search_config.recipe(),
     )
     report["init"] = {"path": config.init, "sha256": weights.sha256, "seed": weights.seed}
     result = SearchResult(

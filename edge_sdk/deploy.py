@@ -31,8 +31,10 @@ from typing import Literal
 
 import numpy as np
 
+from common.checks import check_int
 from common.errors import ConfigError, ExportError
-from edge_sdk import mobile_targets
+from edge_sdk import mobile_targets, mobile_training
+from edge_sdk.personalize import PersonalizeConfig
 from export.atomic import atomic_write_bytes
 from export.bundle import read_bundle
 from export.metadata import DEPLOY_KEYS, DeployMetadata, check_metadata_props, read_deploy_metadata
@@ -45,11 +47,12 @@ __all__ = ["TARGETS", "DeployConfig", "DeployResult", "Target", "deploy", "load_
 
 logger = logging.getLogger("edge_sdk")
 
-TargetName = Literal["onnx", "ort", "tflite", "executorch", "coreml"]
+TargetName = Literal["onnx", "ort", "tflite", "executorch", "executorch-train", "coreml"]
 _CHECK_IMAGES = 64  # seeded images in the input range when no calibration images are given
 # fp32 artifacts compute the same graph in another runtime or after graph fusions: float32 rounding
 # differences, relative to the logits' scale; far below any gap that changes a prediction
 _FP32_RTOL = 1e-4
+_MAX_TRAIN_BATCH = 1024  # the training program plans memory for a whole batch: a phone's, not a server's
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Source:
     model: bytes
     metadata: DeployMetadata
     props: dict[str, str]
+    train_batch_size: int = PersonalizeConfig.batch_size  # executorch-train: its program's batch
 
 
 Files = dict[str, bytes]  # output suffix ("" = the --out file itself) -> bytes
@@ -85,9 +89,12 @@ class Target:
 class DeployConfig:
     """Knobs of :func:`deploy`."""
 
-    target: TargetName = "onnx"  # onnx, ort (ONNX Runtime Mobile), tflite, executorch or coreml
+    # onnx, ort (ONNX Runtime Mobile), tflite, executorch, executorch-train (an ExecuTorch training
+    # program: the phone fine-tunes the model on its own images) or coreml
+    target: TargetName = "onnx"
     int8: bool = False  # quantize to int8 (static, calibrated on --calibration images; onnx and ort only)
     calibration_size: int = 256  # images of the calibration data that calibrate the int8 quantization
+    train_batch_size: int = PersonalizeConfig.batch_size  # executorch-train: images per training step
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -102,6 +109,12 @@ class DeployConfig:
             raise ConfigError(f"calibration_size must be an int >= 1, got {self.calibration_size!r}")
         if self.calibration_size < 1:
             raise ConfigError(f"calibration_size must be >= 1, got {self.calibration_size}")
+        check_int("train_batch_size", self.train_batch_size, 1, _MAX_TRAIN_BATCH)
+        if self.train_batch_size != PersonalizeConfig.batch_size and self.target != "executorch-train":
+            raise ConfigError(
+                f"--train-batch-size applies to the target executorch-train, got target {self.target!r}; "
+                "fix: drop --train-batch-size or deploy to executorch-train"
+            )
 
 
 @dataclass(frozen=True)
@@ -166,6 +179,7 @@ def deploy(
     shape = src.metadata.input_spec.shape
     if calibration is not None:
         calibration = _check_calibration(calibration, shape)
+    src = dataclasses.replace(src, train_batch_size=config.train_batch_size)
     if config.int8:
         # every given image checks the agreement; the first calibration_size also set the ranges
         int8 = quantize_int8(src.fp32, calibration[: config.calibration_size], check=calibration)
@@ -383,6 +397,19 @@ def _executorch(src: Source) -> Files:
     return {"": program}
 
 
+def _executorch_train(src: Source) -> Files:
+    """The training program; its forward is checked as the inference targets are (logits against the
+    float32 ONNX), its training steps by tests/edge_sdk/test_deploy.py and benchmarks/deploy_parity.py."""
+    meta = src.metadata
+    settings = mobile_training.training_settings(
+        lr=PersonalizeConfig.lr, momentum=PersonalizeConfig.momentum, batch_size=src.train_batch_size
+    )
+    program = mobile_training.training_program(
+        _rebuilt(src), meta.input_spec.shape, src.props, num_classes=len(meta.class_names), settings=settings
+    )
+    return {"": program}
+
+
 def _tflite(src: Source) -> Files:
     return mobile_targets.tflite_files(_rebuilt(src), src.metadata.input_spec.shape, src.props)
 
@@ -403,6 +430,14 @@ TARGETS: dict[str, Target] = {
         lambda files, images: mobile_targets.run_executorch(files[""], images),
         module="executorch",
         needs="the ExecuTorch runtime with the XNNPACK backend",
+    ),
+    "executorch-train": Target(
+        "executorch-train",
+        ".pte",
+        _executorch_train,
+        lambda files, images: mobile_training.run_training_logits(files[""], images),
+        module="executorch.extension.training",
+        needs="the ExecuTorch runtime with its training extension (TrainingModule, SGD)",
     ),
     "tflite": Target(
         "tflite",

@@ -276,8 +276,8 @@ class ElasticNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = (x - PIXEL_MEAN) / PIXEL_STD
-        # channels-last: oneDNN's depthwise-conv backward runs ~2.5x faster in it on CPU (measured; the
-        # supernet step halves); values are unchanged and the ONNX graph is the same
+        # channels-last: oneDNN's depthwise-conv backward runs faster in it on CPU (benchmarks/RESULTS.md,
+        # "HAPFNAS on MNIST"); values are unchanged and the ONNX graph is the same
         x = F.hardswish(self.stem_bn(self.stem(x))).contiguous(memory_format=torch.channels_last)
         x = self.blocks(x)
         return self.head(x.mean(dim=(2, 3)))
@@ -387,7 +387,7 @@ def cost_of(spec: ElasticSpec, input_shape: tuple[int, int, int], num_classes: i
 
     FLOPs follow the FlopCounterMode convention used everywhere in the SDK: 2 x MACs of convolutions and
     matrix multiplies only (a test checks equality with the counter). Evolution calls this thousands of
-    times, where the counter (0.2-1 s per model) would dominate.
+    times, where the counter (which runs the model) would dominate.
     """
     c, h, w = input_shape
     flops = 2 * c * spec.stem * 9 * h * w

@@ -6,18 +6,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from common.device import resolve_device
 from common.errors import BudgetError, ConfigError
 from common.seeding import seeded
-from edge_sdk.arch import build_model, parse_arch
+from edge_sdk.arch import ArchSpec, build_model, parse_arch
 from edge_sdk.artifacts import TrainedCVAE, TrainedModel
 from edge_sdk.cvae import CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import fits, profile_model
-from edge_sdk.train import TrainConfig, evaluate, to_float, train
+from edge_sdk.train import TrainConfig, evaluate, make_optimizer, to_float, train
 from profiles import DeviceProfile
 
 __all__ = ["train_cvae_final", "train_final"]
@@ -42,6 +43,10 @@ def train_final(
     track_val: bool = False,
     plateau: Callable[[Sequence[float]], bool] | None = None,
     prior_val: Sequence[float] = (),
+    augment: str = "auto",
+    schedule: str = "auto",
+    weight_decay: float | None = None,
+    schedule_span: tuple[int, int] | None = None,
 ) -> TrainedModel:
     """Full local training of the chosen architecture (the paper's final 50-epoch step, scaled).
 
@@ -57,54 +62,33 @@ def train_final(
     losses so far, ``prior_val`` (the epochs ``init`` already trained) first, and True ends the training
     (:func:`edge_sdk.halving.plateaued`; the metrics' ``plateau_stopped``); with it, the model returned is
     the one of the lowest validation loss (``best_epoch`` of the epochs trained here; 0: ``init`` as it
-    came, whose loss is the last of ``prior_val``).
+    came, whose loss is the last of ``prior_val``). ``augment``, ``schedule``, ``weight_decay`` and
+    ``schedule_span`` are the training recipe (:class:`edge_sdk.train.TrainConfig`; ``auto`` / None: from
+    the input's spec; the span: this call is part of a longer schedule).
     """
     spec = parse_arch(arch)
     num_classes = train_split.num_classes
-    if init is not None:
-        with torch.inference_mode():
-            where = next(init.parameters()).device
-            outputs = init.eval()(to_float(train_split.x[:2]).to(where)).shape[1]
-        if outputs != num_classes + int(unknown_output):
-            raise ConfigError(
-                f"init module has {outputs} outputs, expected {num_classes + int(unknown_output)} "
-                f"({num_classes} classes{' + unknown' if unknown_output else ''}); pass a model of that shape"
-            )
-        model = init
-    else:
-        with seeded(seed):  # seeded weight init without touching the caller's global RNG
-            model = build_model(spec, train_split.input_shape, num_classes + int(unknown_output))
+    config = TrainConfig(
+        epochs=epochs, lr=lr, batch_size=batch_size, unknown_output=unknown_output, precision=precision,
+        augment=augment, schedule=schedule, weight_decay=weight_decay, schedule_span=schedule_span,
+    )  # fmt: skip
     if optimizer is not None and init is None:
         raise ConfigError("an optimizer continues a model: pass that model as init")
+    model = _initial_model(spec, train_split, init=init, unknown_output=unknown_output, seed=seed)
     dev = resolve_device(device)
     start = time.perf_counter()
     if optimizer is None:
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        optimizer = make_optimizer(model, config, train_split.input_shape)
     watch = _Watch(model, val_split, dev, stop=stop, track=track_val, plateau=plateau, prior_val=prior_val)
     losses = train(
-        model,
-        train_split,
-        config=TrainConfig(
-            epochs=epochs, lr=lr, batch_size=batch_size, unknown_output=unknown_output, precision=precision
-        ),
-        seed=seed,
-        device=dev,
-        progress=progress,
-        optimizer=optimizer,
+        model, train_split, config=config, seed=seed, device=dev, progress=progress, optimizer=optimizer,
         stop=watch,
-    )
+    )  # fmt: skip
     val_loss, val_acc, kept = watch.finish(len(losses))
     model = model.cpu().eval()
     cost = profile_model(model, train_split.input_shape, batch_size=batch_size)
-    metrics = {
-        "val_accuracy": float(val_acc),
-        "val_loss": float(val_loss),
-        "train_loss": float(losses[kept - 1]) if kept else float("nan"),
-        "final_epochs": len(losses),
-        "best_epoch": kept,
-        "plateau_stopped": watch.why == "plateau",
-        "train_seconds": round(time.perf_counter() - start, 3),
-        **{k: int(v) for k, v in cost.to_dict().items()},
+    metrics = _metrics(losses, watch, (val_loss, val_acc, kept), time.perf_counter() - start) | {
+        k: int(v) for k, v in cost.to_dict().items()
     }
     return TrainedModel(
         module=model,
@@ -119,6 +103,46 @@ def train_final(
         optimizer=optimizer,
         history=_history(losses, watch.curve if watch.track else []),
     )
+
+
+def _metrics(
+    losses: list[float], watch: _Watch, val: tuple[float, float, int], seconds: float
+) -> dict[str, Any]:
+    """A final training's metrics: its losses, its watch, the validation numbers of the weights kept."""
+    val_loss, val_acc, kept = val
+    return {
+        "val_accuracy": float(val_acc),
+        "val_loss": float(val_loss),
+        "train_loss": float(losses[kept - 1]) if kept else float("nan"),
+        "final_epochs": len(losses),
+        "best_epoch": kept,
+        "plateau_stopped": watch.why == "plateau",
+        "train_seconds": round(seconds, 3),
+    }
+
+
+def _initial_model(
+    spec: ArchSpec,
+    train_split: ArrayDataset,
+    *,
+    init: torch.nn.Module | None,
+    unknown_output: bool,
+    seed: int,
+) -> torch.nn.Module:
+    """``init``, checked to have the task's outputs, or a fresh model of ``spec`` (seeded weights)."""
+    num_classes = train_split.num_classes
+    if init is None:
+        with seeded(seed):  # seeded weight init without touching the caller's global RNG
+            return build_model(spec, train_split.input_shape, num_classes + int(unknown_output))
+    with torch.inference_mode():
+        where = next(init.parameters()).device
+        outputs = init.eval()(to_float(train_split.x[:2]).to(where)).shape[1]
+    if outputs != num_classes + int(unknown_output):
+        raise ConfigError(
+            f"init module has {outputs} outputs, expected {num_classes + int(unknown_output)} "
+            f"({num_classes} classes{' + unknown' if unknown_output else ''}); pass a model of that shape"
+        )
+    return init
 
 
 class _Watch:

@@ -1,6 +1,7 @@
 """The device side of the Flower app (issue #21): a ClientApp over the device pipeline, and the messages.
 
-One-shot over Flower's Message API, three messages a device answers (``server_kit.flower_server`` sends
+One-shot over Flower's Message API, three messages a device answers (``server_kit.federation.flower_server``
+sends
 them; both sides share the encoding defined here):
 
 * ``query``: the device says which client it is (``partition-id`` / ``num-partitions`` of its node

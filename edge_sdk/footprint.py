@@ -2,14 +2,15 @@
 per role, and which roles a profile's ``memory_mb`` can host.
 
 A profile's budget screens the models a search may return; it says nothing about the runtime that trains
-them. PyTorch alone is ~220 MB resident, so a profile that allows 160 MB cannot run the pipeline at all.
+them. PyTorch alone takes a few hundred MB resident, so the smallest profiles cannot run the pipeline at all.
 `edge-sdk run` (the device's own entry) checks this before it imports torch and refuses with one line;
 `server-kit simulate` and :func:`edge_sdk.client.run_client` called directly (a machine standing in for the
 device) do not. Stdlib only, for that reason.
 
 The numbers are measured, not estimated: the peak RSS (``/usr/bin/time -v``) of ``edge-sdk run --role R``
 in a fresh venv holding only the ``[device]`` extra (torch 2.13.0+cpu, Python 3.11.7, x86_64), on a
-367-sample client of scikit-learn's digits with the default fast preset; README.md, "Installs". They are
+367-sample client of scikit-learn's digits with the default fast preset; benchmarks/RESULTS.md, "Install
+size and memory per extra". They are
 floors: a larger client or model needs more, and an ARM build of torch differs.
 """
 

@@ -27,6 +27,8 @@ from export.metadata import DEPLOY_KEYS
 from export.weights import initializer_state_dict
 
 __all__ = [
+    "check_kernels",
+    "conversion_error",
     "coreml_files",
     "executorch_files",
     "rebuild",
@@ -36,6 +38,7 @@ __all__ = [
 ]
 
 _OPERATOR = re.compile(r"aten[.:]+[A-Za-z_0-9.]+")
+_FX_NODE = re.compile(r"[Uu]nsupported fx node ([A-Za-z_0-9.]+)")  # Core ML's name for an operator
 
 
 def rebuild(
@@ -65,12 +68,33 @@ def rebuild(
 def conversion_error(runtime: str, err: BaseException) -> ExportError:
     """One line for a converter's failure, naming the operator it could not represent when it says one."""
     text = " ".join(str(err).split())
-    ops = sorted(set(_OPERATOR.findall(text)))
+    ops = sorted(set(_OPERATOR.findall(text)) | set(_FX_NODE.findall(text)))
     what = f"the operator(s) {', '.join(ops[:5])}" if ops else "the model"
     return ExportError(
         f"{runtime} cannot represent {what} ({type(err).__name__}: {text[:300]}); fix: deploy to onnx "
         "or ort, which run every operator the toolkit exports"
     )
+
+
+def check_kernels(runtime: str, manager) -> bytes:  # manager: exir's ExecutorchProgramManager
+    """The program's bytes once every operator it calls has a kernel in ExecuTorch's runtime (the
+    converter writes operators the runtime cannot run; the phone would find out when it loads the
+    program), else one line naming them."""
+    from executorch.extension.pybindings.portable_lib import _get_operator_names
+
+    have = set(_get_operator_names())
+    called = {
+        f"{op.name}.{op.overload}" if op.overload else op.name
+        for plan in manager.executorch_program.execution_plan
+        for op in plan.operators
+    }
+    missing = sorted(called - have)
+    if missing:
+        raise ExportError(
+            f"{runtime} cannot represent the operator(s) {', '.join(missing[:5])}: its runtime has no kernel "
+            "for them; fix: deploy to onnx or ort, which run every operator the toolkit exports"
+        )
+    return bytes(manager.buffer)
 
 
 def _deploy_props(props: Mapping[str, str]) -> dict[str, str]:
@@ -96,9 +120,10 @@ def executorch_files(module: nn.Module, shape: tuple[int, int, int], props: Mapp
         lowered = to_edge_transform_and_lower(
             program, partitioner=[XnnpackPartitioner()], constant_methods=_deploy_props(props)
         )
-        return bytes(lowered.to_executorch().buffer)
+        manager = lowered.to_executorch()
     except Exception as err:  # torch.export and exir raise many types, each a model it cannot represent
         raise conversion_error("ExecuTorch", err) from err
+    return check_kernels("ExecuTorch", manager)
 
 
 def run_executorch(program: bytes, images: np.ndarray) -> np.ndarray:

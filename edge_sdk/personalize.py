@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -267,6 +267,111 @@ def _train_local_generator(
 # ------------------------------------------------------------------------------------------- training
 
 
+@dataclass
+class _Fit:
+    """What one personalization run's loss terms share: the models, the data on the device, the
+    package's distillation set and knowledge, PKT's per-sample alpha, the generators, the one stream."""
+
+    model: nn.Module
+    global_model: nn.Module
+    package: Package
+    config: PersonalizeConfig
+    terms: set[str]
+    gen: torch.Generator
+    device: torch.device
+    x_real: Tensor
+    y_real: Tensor
+    inputs: Tensor
+    knowledge: Tensor
+    alpha: Tensor
+    g_global: Any = None
+    g_local: Any = None
+    extra: list[nn.Parameter] = field(default_factory=list)
+
+    def batch_terms(self, idx: Tensor) -> dict[str, Tensor]:
+        """The loss terms of one batch of real samples (and of the samples drawn alongside)."""
+        config, terms, t = self.config, self.terms, self.config.kd_temperature
+        x, y = to_float(self.x_real[idx]), self.y_real[idx]
+        logits = self.model(x)
+        parts: dict[str, Tensor] = {}
+        if config.method != "kdg" or "pre" in terms:
+            parts["ce"] = F.cross_entropy(logits, y)
+        if config.method == "pkt":
+            parts["pkt"] = self._pkt()
+        if "dis" in terms:
+            with torch.no_grad():
+                g_real = self.global_model(x)
+            parts["dis"] = config.kdg_dis_weight * kd_loss_logits(logits, g_real, t)
+        if terms & {"lat", "tea"}:
+            assert self.g_global is not None
+            p_i = self.g_global(y.cpu(), self.gen).to(self.device)  # same labels as the real batch
+            with torch.no_grad():
+                g_pi = self.global_model(p_i)
+            if "lat" in terms:
+                parts["lat"] = kd_loss_logits(logits, g_pi, t)
+            if "tea" in terms:
+                parts["tea"] = F.cross_entropy(self.model(p_i), y)
+        if "disg" in terms:
+            parts["disg"] = self._disg(len(idx))
+        return parts
+
+    def _pkt(self) -> Tensor:
+        """PKT on a batch of the distillation set: alpha with the weights fixed, then the weights."""
+        config = self.config
+        d_idx = torch.randint(len(self.inputs), (config.distill_batch_size,), generator=self.gen).to(
+            self.device
+        )
+        out = self.model(to_float(self.inputs[d_idx]))
+        with torch.no_grad():
+            per = (out.detach() - self.knowledge[d_idx]).abs().mean(dim=1)
+            self.alpha[d_idx] = update_alpha(self.alpha[d_idx], per, lr=config.alpha_lr, tau=config.tau)
+        return config.lam * pkt_loss(out, self.knowledge[d_idx], self.alpha[d_idx])[0]
+
+    def _disg(self, n: int) -> Tensor:
+        """FedKDG's DisG: the global generator's samples attended by the local generator's."""
+        assert self.g_global is not None and self.g_local is not None
+        config, package = self.config, self.package
+        y_u = torch.randint(package.num_classes, (n,), generator=self.gen)
+        p_g = self.g_global(y_u, self.gen).to(self.device).flatten(1)  # B x D
+        with torch.no_grad():
+            p_l = self.g_local(
+                torch.randn(n, 16, generator=self.gen), F.one_hot(y_u, package.num_classes).float()
+            )
+        scores = (p_l.to(self.device).flatten(1) @ self.extra[0]) @ (p_g @ self.extra[1]).T  # B x B
+        attn = F.softmax(scores / math.sqrt(config.attention_dim), dim=1)
+        p_a = (attn @ p_g + p_g).clamp(0, 1).reshape(-1, *package.input_shape)
+        with torch.no_grad():
+            g_pa = self.global_model(p_a)
+        return config.kdg_disg_weight * kd_loss_logits(self.model(p_a), g_pa, config.kd_temperature)
+
+
+def _generators(state: _Fit, train: ArrayDataset, stats: dict[str, Any]) -> None:
+    """The global generator (from the package) and, for DisG, a local one and the attention weights."""
+    package, config, terms = state.package, state.config, state.terms
+    label_share = torch.bincount(train.y.long(), minlength=package.num_classes).float()
+    generated = sorted(terms & {"lat", "tea", "disg"})
+    if generated:
+        if package.generator_onnx is None:
+            raise DataError(
+                f"kdg terms {generated} need the global generator, but the package has none; aggregate "
+                "with --synth generator, or pass --kdg-terms pre,dis"
+            )
+        state.g_global = _OnnxGenerator(package.generator_onnx, package.num_classes, package.input_shape)
+    pixels = math.prod(package.input_shape)
+    if "disg" in terms:
+        t0 = time.perf_counter()
+        state.g_local = _train_local_generator(
+            state.model, label_share, package.input_shape, package.num_classes, config.local_generator_steps,
+            state.gen,
+        )  # fmt: skip
+        state.model.train()
+        stats["local_generator_seconds"] = time.perf_counter() - t0
+        gen = state.gen
+        w_l = nn.Parameter(torch.randn(pixels, config.attention_dim, generator=gen) / math.sqrt(pixels))
+        w_g = nn.Parameter(torch.randn(pixels, config.attention_dim, generator=gen) / math.sqrt(pixels))
+        state.extra = [w_l, w_g]
+
+
 def _fit(
     model: nn.Module,
     train: ArrayDataset,
@@ -282,82 +387,21 @@ def _fit(
     model.to(device).train()
     global_model.to(device).eval()
     x_real, y_real = train.x.to(device), train.y.to(device=device, dtype=torch.long)
-    extra: list[nn.Parameter] = []
     stats: dict[str, Any] = {}
     terms = set(config.kdg_terms) if config.method == "kdg" else set()
-    label_share = torch.bincount(train.y.long(), minlength=package.num_classes).float()
-    g_global = g_local = None
-    generated = sorted(terms & {"lat", "tea", "disg"})
-    if generated:
-        if package.generator_onnx is None:
-            raise DataError(
-                f"kdg terms {generated} need the global generator, but the package has none; aggregate "
-                "with --synth generator, or pass --kdg-terms pre,dis"
-            )
-        g_global = _OnnxGenerator(package.generator_onnx, package.num_classes, package.input_shape)
-    pixels = math.prod(package.input_shape)
-    if "disg" in terms:
-        t0 = time.perf_counter()
-        g_local = _train_local_generator(
-            model, label_share, package.input_shape, package.num_classes, config.local_generator_steps, gen
-        )
-        model.train()
-        stats["local_generator_seconds"] = time.perf_counter() - t0
-        w_l = nn.Parameter(torch.randn(pixels, config.attention_dim, generator=gen) / math.sqrt(pixels))
-        w_g = nn.Parameter(torch.randn(pixels, config.attention_dim, generator=gen) / math.sqrt(pixels))
-        extra = [w_l, w_g]
-    optimizer = torch.optim.SGD([*model.parameters(), *extra], lr=config.lr, momentum=config.momentum)
-    inputs = torch.from_numpy(package.inputs).to(device)  # distillation set, uint8
-    knowledge = torch.from_numpy(package.knowledge).to(device)
-    alpha = torch.ones(len(inputs), device=device)
-    t = config.kd_temperature
-
-    def batch_terms(idx: Tensor) -> dict[str, Tensor]:
-        x, y = to_float(x_real[idx]), y_real[idx]
-        logits = model(x)
-        parts: dict[str, Tensor] = {}
-        if config.method != "kdg" or "pre" in terms:
-            parts["ce"] = F.cross_entropy(logits, y)
-        if config.method == "pkt":
-            d_idx = torch.randint(len(inputs), (config.distill_batch_size,), generator=gen).to(device)
-            out = model(to_float(inputs[d_idx]))
-            with torch.no_grad():  # alternate: alpha with the weights fixed, then the weights
-                per = (out.detach() - knowledge[d_idx]).abs().mean(dim=1)
-                alpha[d_idx] = update_alpha(alpha[d_idx], per, lr=config.alpha_lr, tau=config.tau)
-            parts["pkt"] = config.lam * pkt_loss(out, knowledge[d_idx], alpha[d_idx])[0]
-        if "dis" in terms:
-            with torch.no_grad():
-                g_real = global_model(x)
-            parts["dis"] = config.kdg_dis_weight * kd_loss_logits(logits, g_real, t)
-        if terms & {"lat", "tea"}:
-            assert g_global is not None
-            p_i = g_global(y.cpu(), gen).to(device)  # same labels as the real batch
-            with torch.no_grad():
-                g_pi = global_model(p_i)
-            if "lat" in terms:
-                parts["lat"] = kd_loss_logits(logits, g_pi, t)
-            if "tea" in terms:
-                parts["tea"] = F.cross_entropy(model(p_i), y)
-        if "disg" in terms:
-            assert g_global is not None and g_local is not None
-            y_u = torch.randint(package.num_classes, (len(idx),), generator=gen)
-            p_g = g_global(y_u, gen).to(device).flatten(1)  # B x D
-            with torch.no_grad():
-                p_l = g_local(
-                    torch.randn(len(idx), 16, generator=gen),
-                    F.one_hot(y_u, package.num_classes).float(),
-                )
-            scores = (p_l.to(device).flatten(1) @ extra[0]) @ (p_g @ extra[1]).T  # B x B
-            attn = F.softmax(scores / math.sqrt(config.attention_dim), dim=1)
-            p_a = (attn @ p_g + p_g).clamp(0, 1).reshape(-1, *package.input_shape)
-            with torch.no_grad():
-                g_pa = global_model(p_a)
-            parts["disg"] = config.kdg_disg_weight * kd_loss_logits(model(p_a), g_pa, t)
-        return parts
-
+    inputs = torch.from_numpy(package.inputs)  # distillation set, uint8
+    state = _Fit(
+        model, global_model, package, config, terms, gen, device, x_real, y_real,
+        inputs, torch.from_numpy(package.knowledge), torch.ones(len(inputs)),
+    )  # fmt: skip
+    _generators(state, train, stats)
+    optimizer = torch.optim.SGD([*model.parameters(), *state.extra], lr=config.lr, momentum=config.momentum)
+    state.inputs = inputs.to(device)
+    state.knowledge = state.knowledge.to(device)
+    state.alpha = torch.ones(len(inputs), device=device)
     with seeded(seed, device):  # the permutation of each epoch is drawn before the batch's own draws
         history = fit_terms(
-            batch_terms,
+            state.batch_terms,
             optimizer,
             n=len(x_real),
             batch_size=config.batch_size,
@@ -371,6 +415,7 @@ def _fit(
     model.eval()
     stats["loss"] = [dict(sorted(epoch.items())) for epoch in history]
     if config.method == "pkt":
+        alpha = state.alpha
         stats["alpha"] = {
             "mean": float(alpha.mean()),
             "min": float(alpha.min()),
@@ -393,21 +438,9 @@ def _onnx_accuracy(model_bytes: bytes, data: ArrayDataset, batch_size: int = 512
     return hits / max(len(y), 1)
 
 
-def personalize(
-    data: ArrayDataset,
-    bundle: Bundle,
-    package: Package,
-    out_dir: str | Path,
-    *,
-    config: PersonalizeConfig,
-    progress: bool = False,
-) -> PersonalizeResult:
-    """Personalise this device's model with ``package`` and write the deployable models to ``out_dir``.
-
-    ``bundle`` is the device's own upload (its model and seed); the package must have been made for it
-    (:meth:`Package.check_for`). Writes ``personal.fp32.onnx``, ``personal.int8.onnx``, ``deploy.onnx``
-    (the kept one) and ``report.json``.
-    """
+def _check_inputs(data: ArrayDataset, bundle: Bundle, package: Package) -> tuple[tuple[int, ...], int]:
+    """The task's (input shape, classes), once the data, the bundle and the package are of it and the
+    package's global model holds to the ONNX contract."""
     package.check_for(bundle.model_onnx)
     if bundle.kind != "classifier":
         raise ConfigError(f"personalization needs a classifier bundle, got kind {bundle.kind!r}")
@@ -426,29 +459,73 @@ def personalize(
     check_classifier_onnx(
         package.global_onnx, input_shape=shape, num_classes=classes, source="the package's global model"
     )
+    return shape, classes
+
+
+def _start(
+    bundle: Bundle, package: Package, config: PersonalizeConfig, val_split: ArrayDataset
+) -> tuple[nn.Module, str, nn.Module, dict[str, float]]:
+    """(the model to personalise, its arch, the global model, both starting points' val accuracy): the
+    global model for ``finetune``, else this device's own."""
+    shape, classes = tuple(bundle.input_shape), bundle.num_classes
+    global_model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
+    if config.method == "finetune":
+        model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
+        arch = package.global_arch
+    else:
+        model = _load_classifier(
+            bundle.model_onnx, bundle.arch, shape, classes, unknown_output=bundle.unknown_output
+        )  # type: ignore[arg-type]
+        arch = bundle.arch
+    before = {
+        "own_model": evaluate(
+            _load_classifier(
+                bundle.model_onnx, bundle.arch, shape, classes, unknown_output=bundle.unknown_output
+            ),  # type: ignore[arg-type]
+            val_split,
+        )[1],
+        "global_model": evaluate(global_model, val_split)[1],
+    }
+    return model, arch, global_model, before
+
+
+def _compare(
+    fp32: bytes, int8: bytes, val_split: ArrayDataset, shape: tuple[int, ...], tolerance: float
+) -> tuple[dict[str, float], str, dict[str, dict[str, float]]]:
+    """Both exports' val accuracy, the one kept (int8 unless it loses more than ``tolerance``), latency."""
+    acc = {"fp32": _onnx_accuracy(fp32, val_split), "int8": _onnx_accuracy(int8, val_split)}
+    kept = "int8" if acc["int8"] >= acc["fp32"] - tolerance else "fp32"
+    latency = {
+        name: {
+            f"batch_{b}_ms": latency_ms(blob, shape, batch=b, repeats=20 if b > 1 else 50) for b in (1, 64)
+        }  # type: ignore[arg-type]
+        for name, blob in (("fp32", fp32), ("int8", int8))
+    }
+    return acc, kept, latency
+
+
+def personalize(
+    data: ArrayDataset,
+    bundle: Bundle,
+    package: Package,
+    out_dir: str | Path,
+    *,
+    config: PersonalizeConfig,
+    progress: bool = False,
+) -> PersonalizeResult:
+    """Personalise this device's model with ``package`` and write the deployable models to ``out_dir``.
+
+    ``bundle`` is the device's own upload (its model and seed); the package must have been made for it
+    (:meth:`Package.check_for`). Writes ``personal.fp32.onnx``, ``personal.int8.onnx``, ``deploy.onnx``
+    (the kept one) and ``report.json``.
+    """
+    shape, classes = _check_inputs(data, bundle, package)
     seed = int(bundle.seed) if config.seed is None else config.seed
     out = Path(out_dir)
     train_split, val_split = split_train_val(data, val_fraction=config.val_fraction, seed=seed)
     seconds: dict[str, float] = {}
     with timed(seconds, "train"):
-        global_model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
-        if config.method == "finetune":
-            model = _load_classifier(package.global_onnx, package.global_arch, shape, classes)  # type: ignore[arg-type]
-            arch = package.global_arch
-        else:
-            model = _load_classifier(
-                bundle.model_onnx, bundle.arch, shape, classes, unknown_output=bundle.unknown_output
-            )  # type: ignore[arg-type]
-            arch = bundle.arch
-        before = {
-            "own_model": evaluate(
-                _load_classifier(
-                    bundle.model_onnx, bundle.arch, shape, classes, unknown_output=bundle.unknown_output
-                ),  # type: ignore[arg-type]
-                val_split,
-            )[1],
-            "global_model": evaluate(global_model, val_split)[1],
-        }
+        model, arch, global_model, before = _start(bundle, package, config, val_split)
         with seeded(seed):
             stats = _fit(model, train_split, package, global_model, config, seed, progress)
 
@@ -457,16 +534,9 @@ def personalize(
         meta |= deploy_metadata_for(shape, classes, data.class_names)  # type: ignore[arg-type]
         fp32 = export_onnx(model.cpu(), shape, metadata=meta, keep_batchnorm=False, seed=seed)  # type: ignore[arg-type]
         calib = to_float(train_split.x[: config.calibration_size]).numpy()
-        # kept or not by its validation accuracy below (int8_tolerance), so no agreement rule here
+        # kept or not by its validation accuracy (int8_tolerance in _compare), so no agreement rule here
         int8 = quantize_int8(fp32, calib, min_agreement=None)
-    acc = {"fp32": _onnx_accuracy(fp32, val_split), "int8": _onnx_accuracy(int8, val_split)}
-    kept = "int8" if acc["int8"] >= acc["fp32"] - config.int8_tolerance else "fp32"
-    latency = {
-        name: {
-            f"batch_{b}_ms": latency_ms(blob, shape, batch=b, repeats=20 if b > 1 else 50) for b in (1, 64)
-        }  # type: ignore[arg-type]
-        for name, blob in (("fp32", fp32), ("int8", int8))
-    }
+    acc, kept, latency = _compare(fp32, int8, val_split, shape, config.int8_tolerance)
     atomic_write_bytes(out / "personal.fp32.onnx", fp32)
     atomic_write_bytes(out / "personal.int8.onnx", int8)
     deploy = atomic_write_bytes(out / "deploy.onnx", int8 if kept == "int8" else fp32)

@@ -3,10 +3,10 @@
 Every model of the toolkit keeps float32 weights (what ONNX exports and bundles carry). With ``bf16`` the
 convolutions and matrix products of a forward pass run in bfloat16 under :func:`torch.autocast`, and the
 losses, BatchNorm statistics and optimizer steps stay in float32 (autocast's own policy). On a CPU with
-native bfloat16 dot products (x86 AVX512-BF16 or AMX) that makes a small CNN's training step 1.3-1.8x and
-a teacher's inversion step 2-2.6x faster (channels-last layout, one thread; benchmarks/RESULTS.md,
-"Speed and memory"), with the same validation accuracy on the MNIST clients measured there; a CPU
-without it emulates bfloat16 and gets slower, so ``auto`` picks float32 there.
+native bfloat16 dot products (x86 AVX512-BF16 or AMX) that makes a small CNN's training step and a
+teacher's inversion step faster, with the same validation accuracy (benchmarks/RESULTS.md, "Speed and
+memory, second pass"); a CPU without it emulates bfloat16 and gets slower, so ``auto`` picks float32
+there.
 
 Two rules every caller keeps:
 

@@ -145,8 +145,8 @@ def _saved_activation_bytes(probe: nn.Module, x: torch.Tensor) -> int:
         if nbytes and address not in state:
             saved[address] = max(saved.get(address, 0), nbytes)
         # detached: an op's output saved for its own backward would otherwise hold its graph node,
-        # a reference cycle outside Python's collector (measured: +35 MB leaked per profiled model,
-        # 8 GB over a simulation's searches; benchmarks/RESULTS.md, "Speed")
+        # a reference cycle outside Python's collector (it leaked every profiled model's activations over a
+        # simulation's searches; benchmarks/RESULTS.md, "Speed and memory")
         return t.detach()
 
     probe.train()
@@ -478,8 +478,8 @@ def free_cores(seconds: float = 0.2) -> int:
     """How many of the cores this process may run on were mostly idle over the last ``seconds``.
 
     A shared machine (another job, a busy loop) leaves fewer free cores than it has: torch's threads
-    placed on a busy core wait at every parallel region's barrier for the slowest one (measured here: a
-    busy loop on one of two cores made the 2-thread server phase 2.55x slower). Falls back to the
+    placed on a busy core wait at every parallel region's barrier for the slowest one (benchmarks/RESULTS.md,
+    "A shared machine": a busy loop on one core slowed the 2-thread server phase). Falls back to the
     affinity size where /proc/stat cannot be read. Never less than 1.
     """
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(allowed_cores()))

@@ -5,7 +5,9 @@ slices of a seeded permutation: no DataLoader, no worker processes, no per-sampl
 pixels uint8 and converting each batch costs one elementwise op per batch and a quarter of the memory a
 float copy would (a 50,000-image CIFAR split is 150 MB as uint8, 600 MB as float32).
 
-Optimizer and defaults follow pFedZKD (section 4.1.2): Adam, learning rate 1e-3, batch size 64.
+Optimizer and defaults follow pFedZKD (section 4.1.2): Adam, learning rate 1e-3, batch size 64. Color
+inputs add the recipe of :mod:`edge_sdk.augment` (crops and flips drawn per batch from the uint8 images,
+weight decay, a cosine schedule) inside the same loop; grayscale ones train as before.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.checks import check_ints
 from common.errors import ConfigError, DataError
-from common.loop import fit
+from common.loop import batches_per_epoch, fit
 from common.seeding import derive_seed, seeded
+from edge_sdk.augment import Augment, Recipe, Schedule, check_recipe, cosine_factor, crop_flip, resolve_recipe
 from edge_sdk.data import ArrayDataset
 from edge_sdk.outliers import make_outliers
 from edge_sdk.precision import autocast, check_precision, resolve_precision
@@ -32,6 +36,7 @@ __all__ = [
     "evaluate",
     "kd_loss",
     "kd_loss_logits",
+    "make_optimizer",
     "release_memory",
     "to_float",
     "train",
@@ -41,6 +46,7 @@ __all__ = [
 # outliers per real image in a batch when training an "unknown" output, and their RNG stream
 OUTLIER_FRACTION = 0.5
 OUTLIER_STREAM = 2
+AUGMENT_STREAM = 4  # derive_seed stream of the crops and flips
 # images per evaluation batch: a 96-channel 28x28 layer holds 77 MB of activations at 256 images and
 # 308 MB at 1024, and an evaluation's peak becomes the process's size (see release_memory)
 EVAL_BATCH = 256
@@ -73,7 +79,15 @@ class TrainConfig:
         lr: Adam learning rate.
         batch_size: images per step (a trailing batch of one image joins the previous batch, because
             BatchNorm cannot normalise a single 1x1 feature map).
-        weight_decay: Adam L2 penalty.
+        weight_decay: Adam L2 penalty; None takes the input's (:func:`edge_sdk.augment.resolve_recipe`:
+            some for color images, none for grayscale).
+        augment: ``crop-flip`` (random crops from a zero-padded border and horizontal flips of every
+            batch), ``none``, or ``auto``: crop-flip for color images, none for grayscale.
+        schedule: the learning rate over the run: ``constant``, ``cosine`` (from ``lr`` to 0 over the
+            run's steps), or ``auto``: cosine for color images, constant for grayscale.
+        schedule_span: (epochs trained before this run, epochs of the whole schedule) when this run is
+            a part of a longer training (successive halving's rungs, then the rest): the schedule goes on
+            where the last part stopped instead of starting over; None: this run is the whole schedule.
         unknown_output: the model has one output more than the data has classes, "none of my classes"
             (FedOV), trained on ``OUTLIER_FRACTION`` x batch corrupted copies of each batch's images
             (:mod:`edge_sdk.outliers`).
@@ -84,7 +98,10 @@ class TrainConfig:
     epochs: int = 5
     lr: float = 1e-3
     batch_size: int = 64
-    weight_decay: float = 0.0
+    weight_decay: float | None = None
+    augment: Augment = "auto"
+    schedule: Schedule = "auto"
+    schedule_span: tuple[int, int] | None = None
     unknown_output: bool = False
     precision: str = "auto"
 
@@ -96,10 +113,34 @@ class TrainConfig:
             raise ConfigError(f"lr must be a positive finite number, got {self.lr!r}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if not (isinstance(self.weight_decay, int | float) and self.weight_decay >= 0):
-            raise ConfigError(f"weight_decay must be a number >= 0, got {self.weight_decay!r}")
+        check_recipe(self.augment, self.schedule, self.weight_decay)
+        if self.schedule_span is not None:
+            span = check_ints("schedule_span", self.schedule_span, 0, max_length=2)
+            if len(span) != 2:
+                raise ConfigError(f"schedule_span must be (epochs before, total epochs), got {span!r}")
+            before, total = span
+            if total < before + self.epochs:
+                raise ConfigError(
+                    f"schedule_span {self.schedule_span!r}: a schedule of {total} epochs cannot hold "
+                    f"{self.epochs} epochs after {before}; fix: a total of at least {before + self.epochs}"
+                )
         if not isinstance(self.unknown_output, bool):
             raise ConfigError(f"unknown_output must be a bool, got {self.unknown_output!r}")
+
+    def recipe(self, input_shape: tuple[int, int, int]) -> Recipe:
+        """The recipe this config trains images of ``input_shape`` with (its ``auto`` choices resolved)."""
+        return resolve_recipe(
+            input_shape, augment=self.augment, schedule=self.schedule, weight_decay=self.weight_decay
+        )
+
+
+def make_optimizer(
+    model: nn.Module, config: TrainConfig, input_shape: tuple[int, int, int]
+) -> torch.optim.Optimizer:
+    """The Adam a run of ``config`` on images of ``input_shape`` starts with (its recipe's weight decay)."""
+    return torch.optim.Adam(
+        model.parameters(), lr=config.lr, weight_decay=config.recipe(input_shape).weight_decay
+    )
 
 
 def to_float(x_uint8: torch.Tensor) -> torch.Tensor:
@@ -129,7 +170,8 @@ def train(
     trained (fewer than ``config.epochs`` when ``stop()``, asked after each epoch, said so: a time budget).
 
     ``optimizer`` (over ``model``'s parameters) continues an earlier run with its moments, as if it had
-    not stopped; None starts a fresh Adam from ``config``.
+    not stopped; None starts a fresh Adam from ``config`` (:func:`make_optimizer`). A cosine schedule
+    runs over this call's epochs from the optimizer's initial rate, or over ``config.schedule_span``.
 
     ``seed`` fixes the batch order, Dropout and the outliers, so the same model, data and seed give
     identical weights. With ``config.unknown_output`` each batch gets outliers labelled
@@ -137,20 +179,23 @@ def train(
     """
     _check(train, "training")
     device = torch.device(device)
-    # channels-last conv weights make oneDNN run the convolutions channels-last: 1.3-1.5x faster training
-    # steps on CPU for chain CNNs (measured); same values, and export reads the weights either way
+    # channels-last conv weights make oneDNN run the convolutions channels-last: faster training steps on
+    # CPU for chain CNNs (benchmarks/RESULTS.md); same values, and export reads the weights either way
     model.to(device, memory_format=torch.channels_last).train()
     x = train.x.to(device)  # N x C x H x W uint8, converted per batch
     y = train.y.to(device=device, dtype=torch.long)
     if optimizer is None:
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        optimizer = make_optimizer(model, config, train.input_shape)
+    recipe = config.recipe(train.input_shape)
     order_rng = torch.Generator(device="cpu").manual_seed(seed)
     outlier_rng = torch.Generator(device="cpu").manual_seed(derive_seed(seed, OUTLIER_STREAM))
+    augment_rng = torch.Generator(device="cpu").manual_seed(derive_seed(seed, AUGMENT_STREAM))
     unknown = train.num_classes if config.unknown_output else None
     precision = resolve_precision(config.precision, device)
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
-        xb, yb = to_float(x[idx]), y[idx]
+        xb = x[idx] if recipe.pad == 0 else crop_flip(x[idx], recipe.pad, augment_rng)
+        xb, yb = to_float(xb), y[idx]
         if unknown is not None:
             count = max(1, round(OUTLIER_FRACTION * len(idx)))
             xb = torch.cat([xb, make_outliers(xb, yb, count, outlier_rng)])
@@ -170,9 +215,25 @@ def train(
             lone_last="merge",  # a lone last image would break BatchNorm on 1x1 maps
             progress=progress,
             stop=stop,
+            scheduler=_scheduler(optimizer, recipe, len(y), config),
         )
     release_memory()
     return losses
+
+
+def _scheduler(
+    optimizer: torch.optim.Optimizer, recipe: Recipe, n: int, config: TrainConfig
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The recipe's per-step schedule over this run's planned steps (None: a constant rate)."""
+    if recipe.schedule == "constant":
+        return None
+    for group in optimizer.param_groups:  # a continued run: the schedule's base is the first run's rate
+        group["lr"] = group.setdefault("initial_lr", group["lr"])
+    per_epoch = batches_per_epoch(n, config.batch_size, lone_last="merge")
+    before, total = config.schedule_span or (0, config.epochs)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: cosine_factor(before * per_epoch + step, total * per_epoch)
+    )
 
 
 @torch.inference_mode()

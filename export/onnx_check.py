@@ -68,7 +68,7 @@ _EXPORTED_OPS = frozenset(
         "MaxPool", "ReduceMean", "Relu", "Reshape", "Resize", "Shape", "Sigmoid", "Slice", "Sub",
     }
 )  # fmt: skip
-# ... and what server_kit.onnx_convert turns into torch for foreign classifiers (its SUPPORTED_OPS).
+# ... and what server_kit.teachers.onnx_convert turns into torch for foreign classifiers (its SUPPORTED_OPS).
 _CONVERTED_OPS = frozenset(
     {
         "Add", "AveragePool", "BatchNormalization", "Cast", "Clip", "Concat", "Constant", "Conv", "Div",

@@ -10,11 +10,12 @@ With ``keep_batchnorm=True`` (the teacher in a bundle) BatchNormalization nodes 
 initializer is named after its ``state_dict`` key, so the server rebuilds the model from its arch string
 and loads the weights exactly (``export.weights``), and DeepInversion can read BN statistics.
 
-Exporter: the TorchScript exporter (``dynamo=False``), for speed. Measured on ``C8k3-P-C16k3-P-F32-F10`` at
-1x12x12, 1 thread: 0.11 s cold / 0.03 s warm, against 6.3 s cold / 1.8 s warm for ``dynamo=True,
-optimize=False`` before the extra onnxscript passes the dynamo path needs to keep BN (which also rely on
-private onnxscript names). Exports run on every client and many times in tests. It is deprecated upstream;
-torch is pinned (<= 2.14.1) in pyproject.toml, and the checks below fail loudly if its output ever drifts.
+Exporter: the TorchScript exporter (``dynamo=False``), for speed: the dynamo path (``dynamo=True,
+optimize=False``) was measured far slower on a small chain, cold and warm, even before the extra onnxscript
+passes it needs to keep BN (which also rely on private onnxscript names); benchmarks/RESULTS.md, "Numbers
+once kept in the code's comments". Exports run on every client and many times in tests. It is deprecated
+upstream; torch is pinned (<= 2.14.1) in pyproject.toml, and the checks below fail loudly if its output
+ever drifts.
 """
 
 from __future__ import annotations
@@ -405,8 +406,8 @@ def onnx_session(model_bytes: bytes, *, threads: int = 1) -> onnxruntime.Inferen
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-    # no CPU arena: the arena keeps its largest batch's activations for the session's life (+300 MB in a
-    # simulation's client evaluation, benchmarks/RESULTS.md "Speed and memory"); sessions here are short
+    # no CPU arena: the arena keeps its largest batch's activations for the session's life (a simulation's
+    # client evaluation grew by it, benchmarks/RESULTS.md "Speed and memory"); sessions here are short
     options.enable_cpu_mem_arena = False
     try:
         return onnxruntime.InferenceSession(

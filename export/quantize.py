@@ -237,7 +237,11 @@ def _keep_float(
             "(int8 rounding flips the predictions whose top two logits are close), or check on more images"
         )
     candidate, k, share = best
-    return candidate, {"float_nodes": list(ranked[:k]), "agreement": share, "check_images": len(check)}
+    record = {"float_nodes": list(ranked[:k]), "agreement": share, "check_images": len(check)}
+    # how much of the compute int8 still runs: a model left mostly float32 gains little from int8
+    return candidate, record | {
+        "int8_weighted_nodes": f"{len(weighted - set(ranked[:k]))} of {len(weighted)}"
+    }
 
 
 def _needed(target: float, n: int) -> float:

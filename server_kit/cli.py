@@ -20,12 +20,12 @@ from common.config_args import Flag, add_config_args, given_options, given_table
 from common.configs import config_from_dict, read_config_file
 from common.errors import ConfigError
 from edge_sdk import __version__
-from edge_sdk.cli import client_groups, cvae_config, search_classes, search_config
+from edge_sdk.options import client_groups, cvae_config, search_classes, search_config
 
 if TYPE_CHECKING:  # annotations only: the CLI imports the server library when a sub-command runs
-    from server_kit.aggregate import AggregateConfig
-    from server_kit.fusion import FusionConfig
-    from server_kit.simulate import SimulateConfig
+    from server_kit.aggregate_config import AggregateConfig
+    from server_kit.federation import SimulateConfig
+    from server_kit.training import FusionConfig
 
 __all__ = ["main"]
 
@@ -71,7 +71,7 @@ def _fusion(
 ) -> FusionConfig:
     """FedMHO's fusion from ``--fusion-preset`` and the ``--fusion-*`` fields given, over ``base``; its
     options without a mode (given, or the base's) are refused: fusion is off."""
-    from server_kit.fusion import FusionConfig
+    from server_kit.training import FusionConfig
 
     mode = given.get("mode", base.mode if base is not None else None)
     if mode is None:
@@ -89,7 +89,7 @@ def aggregate_config(
 ) -> AggregateConfig:
     """The server settings: ``--server-preset`` (or ``base``, else ``fast``) with the fields ``given``
     (a nested table, :func:`common.config_args.given_table`)."""
-    from server_kit.aggregate import AggregateConfig
+    from server_kit.aggregate_config import AggregateConfig
 
     if base is None or args.server_preset is not None:
         base = AggregateConfig.preset(args.server_preset or "fast")
@@ -104,25 +104,28 @@ def aggregate_config(
     return config_from_dict(AggregateConfig, table, what="aggregate options", base=base)
 
 
-def _usable_here(*devices: str) -> None:
-    """Each device is on this machine (CUDA where asked): checked before --print-config or any work."""
+def _usable_here(*devices: str) -> list[Any]:  # -> list[torch.device]
+    """Each device resolved on this machine (CUDA where asked): checked before --print-config or any work,
+    and passed on where the run takes a resolved one."""
     from common.device import resolve_device
 
-    for device in devices:
-        resolve_device(device)
+    return [resolve_device(device) for device in devices]
 
 
 def cmd_aggregate(args: argparse.Namespace) -> Output:
     from edge_sdk.data import load_client_data
-    from server_kit.aggregate import AggregateConfig, aggregate
+    from server_kit.aggregate import aggregate
+    from server_kit.aggregate_config import AggregateConfig
 
     base = AggregateConfig.from_dict(read_config_file(args.config)) if args.config is not None else None
     config = aggregate_config(args, given_table(args, args.flags), base=base)
-    _usable_here(config.device)
+    (device,) = _usable_here(config.device)
     if args.print_config:  # JSON in both formats: --config reads it back from a .json file
-        return Output(config.to_dict(), [json_text(config.to_dict())])
+        return Output(config.to_dict(device), [json_text(config.to_dict(device))])
     eval_data = load_client_data(args.eval) if args.eval else None
-    result = aggregate(args.bundles, args.out, config=config, eval_data=eval_data, progress=not args.quiet)
+    result = aggregate(
+        args.bundles, args.out, config=config, eval_data=eval_data, progress=not args.quiet, device=device
+    )
     print_skipped(result.report["skipped"])
     acc = "" if result.accuracy is None else f"; test accuracy {result.accuracy:.4f}"
     data = {
@@ -148,7 +151,7 @@ def simulate_config(args: argparse.Namespace) -> SimulateConfig:
     ``--method``'s preset, with every option given on the command line over it (``--out`` over the
     file's out_dir). The server's precision follows ``--precision`` unless ``--aggregate-precision`` is
     given (its seed is the config's ``seed``, :class:`SimulateConfig` sees to that)."""
-    from server_kit.simulate import SimulateConfig
+    from server_kit.federation import SimulateConfig
 
     table = given_table(args, args.flags)
     dataset = table.pop("dataset", None)
@@ -192,7 +195,7 @@ def simulate_config(args: argparse.Namespace) -> SimulateConfig:
 
 
 def cmd_simulate(args: argparse.Namespace) -> Output:
-    from server_kit.simulate import simulate
+    from server_kit.federation import simulate
 
     config = simulate_config(args)
     _usable_here(config.device, config.aggregate.device)
@@ -215,7 +218,7 @@ def cmd_simulate(args: argparse.Namespace) -> Output:
 
 
 def cmd_personalize(args: argparse.Namespace) -> Output:
-    from server_kit.pke import PKEConfig, personalize_server
+    from server_kit.personalization import PKEConfig, personalize_server
 
     config = config_from_dict(PKEConfig, given_table(args, args.flags), what="personalize options")
     result = personalize_server(
@@ -231,7 +234,7 @@ def cmd_personalize(args: argparse.Namespace) -> Output:
 
 
 def cmd_supernet(args: argparse.Namespace) -> Output:
-    from server_kit.supernet import SupernetConfig, supernet_from_bundles
+    from server_kit.personalization import SupernetConfig, supernet_from_bundles
 
     config = config_from_dict(SupernetConfig, given_table(args, args.flags), what="supernet options")
     report = supernet_from_bundles(
@@ -278,7 +281,7 @@ def cmd_init(args: argparse.Namespace) -> Output:
 
 
 def cmd_hetero_avg(args: argparse.Namespace) -> Output:
-    from server_kit.hetero_avg import hetero_fedavg
+    from server_kit.personalization import hetero_fedavg
 
     report = hetero_fedavg(args.bundles, args.supernet, args.out)
     line = f"wrote {len(report['clients'])} personalised models and the aggregated supernet to {args.out}"
@@ -307,7 +310,7 @@ def _config_file_args(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _build_aggregate(p: argparse.ArgumentParser) -> None:
-    from server_kit.aggregate import AggregateConfig
+    from server_kit.aggregate_config import AggregateConfig
 
     p.add_argument("bundles", nargs="+", help="client bundle files")
     p.add_argument("--out", required=True, type=out_dir, help="output directory")
@@ -334,7 +337,7 @@ SIMULATE_COMMON = (
 
 
 def _build_simulate(p: argparse.ArgumentParser) -> None:
-    from server_kit.simulate import SimulateConfig
+    from server_kit.federation import SimulateConfig
 
     _config_file_args(p, "a federation's settings (nested tables: [search], [cvae], [aggregate], ...)")
     p.add_argument(
@@ -363,7 +366,7 @@ def _build_simulate(p: argparse.ArgumentParser) -> None:
 
 
 def _build_personalize(p: argparse.ArgumentParser) -> None:
-    from server_kit.pke import PKEConfig
+    from server_kit.personalization import PKEConfig
 
     p.add_argument("bundles", nargs="+", help="the client bundles that were aggregated")
     p.add_argument("--aggregate", required=True, help="the `server-kit aggregate` output directory")
@@ -372,7 +375,7 @@ def _build_personalize(p: argparse.ArgumentParser) -> None:
 
 
 def _build_supernet(p: argparse.ArgumentParser) -> None:
-    from server_kit.supernet import SupernetConfig
+    from server_kit.personalization import SupernetConfig
 
     p.add_argument("bundles", nargs="+", help="classifier bundles (the teachers)")
     p.add_argument(

@@ -1,7 +1,10 @@
 """The chain search space of pFedZKD (section 4.1.2): C/P feature modules then an F block.
 
 Every constant of the space lives here, so PSO (:mod:`edge_sdk.strategies.pso`) and evolution
-(:mod:`edge_sdk.strategies.evolution`) draw from the same choices. The space's own operator is the
+(:mod:`edge_sdk.strategies.evolution`) draw from the same choices. On color inputs (the input spec's
+channels, :data:`edge_sdk.augment.COLOR_CHANNELS`) a drawn conv module is a residual block R at even odds:
+natural images need deeper feature stacks than digits, and a plain chain that deep trains badly; on
+grayscale inputs the space, and every draw from it, is pFedZKD's. The space's own operator is the
 alignment T (:func:`align`), which PSO moves particles with and evolution repairs children with.
 """
 
@@ -14,6 +17,7 @@ import numpy as np
 from common.checks import check_int
 from common.errors import ConfigError
 from edge_sdk.arch import ArchSpec
+from edge_sdk.augment import COLOR_CHANNELS
 from edge_sdk.chain import (
     MAX_CHANNELS,
     MAX_DEPTH,
@@ -23,8 +27,10 @@ from edge_sdk.chain import (
     ChainSpec,
     Conv,
     Dense,
+    Features,
     Layer,
     Pool,
+    Residual,
 )
 
 __all__ = [
@@ -34,6 +40,7 @@ __all__ = [
     "HIDDEN_UNITS",
     "KERNELS",
     "MAX_DENSE",
+    "RESIDUAL_PROBABILITY",
     "ChainSpace",
     "align",
     "check_max_depth",
@@ -49,8 +56,9 @@ HIDDEN_UNITS = (32, 64, 128, 192, 256, 300)
 CONV_PROBABILITY = 0.7  # vs 0.3 for pooling (pFedZKD section 4.1.2)
 MAX_DENSE = 3  # F modules per sampled chain, the head included
 DEFAULT_MAX_DEPTH = 10  # the fast presets' longest sampled chain
+RESIDUAL_PROBABILITY = 0.5  # a drawn conv module is an R block, on color inputs only
 
-_KINDS = {"C": 1, "Pmax": 2, "Pavg": 3, "F": 4}  # encode: one code per module kind
+_KINDS = {"C": 1, "Pmax": 2, "Pavg": 3, "F": 4, "R": 5}  # encode: one code per module kind
 
 
 def check_max_depth(max_depth: object) -> int:
@@ -61,8 +69,13 @@ def check_max_depth(max_depth: object) -> int:
     return int(max_depth)  # type: ignore[call-overload]
 
 
-def random_conv(rng: np.random.Generator) -> Conv:
-    return Conv(int(rng.choice(CHANNELS)), int(rng.choice(KERNELS)))
+def random_conv(rng: np.random.Generator, input_shape: tuple[int, int, int] | None = None) -> Conv | Residual:
+    """A random C module; on a color ``input_shape``, an R block instead with :data:`RESIDUAL_PROBABILITY`
+    (the extra draw only there, so grayscale draws stay the same)."""
+    conv = Conv(int(rng.choice(CHANNELS)), int(rng.choice(KERNELS)))
+    if input_shape is not None and input_shape[0] == COLOR_CHANNELS and rng.random() < RESIDUAL_PROBABILITY:
+        return Residual(conv.out_channels, conv.kernel_size)
+    return conv
 
 
 def sample_spec(
@@ -76,7 +89,8 @@ def sample_spec(
 
     Depth is uniform in [3, ``max_depth``]; 1..3 of those modules are the F block (hidden units from
     :data:`HIDDEN_UNITS`, then the ``num_classes`` head); the rest is a C followed by C (probability 0.7)
-    or P (0.3, max or average at even odds). A P that would shrink the map below 1x1 becomes a C.
+    or P (0.3, max or average at even odds). A P that would shrink the map below 1x1 becomes a C. On
+    color inputs a C after the first is an R block at even odds (:func:`random_conv`).
     """
     check_max_depth(max_depth)
     check_int("num_classes", num_classes, 1)
@@ -89,7 +103,7 @@ def sample_spec(
             layers.append(Pool("max" if rng.random() < 0.5 else "avg"))
             size //= 2
         else:
-            layers.append(random_conv(rng))
+            layers.append(random_conv(rng, input_shape))
     layers += [Dense(int(rng.choice(HIDDEN_UNITS))) for _ in range(n_dense - 1)]
     layers.append(Dense(num_classes))
     return ChainSpec(tuple(layers))
@@ -112,11 +126,11 @@ def align(
 
     1. F block at the end: the C/P modules keep their order, then the F modules keep theirs.
     2. First module C: a leading P is replaced by (or, with no C/P at all, preceded by) ``current``'s first C.
-    3. No pooling below 1x1: such a P becomes a copy of the nearest C before it.
+    3. No pooling below 1x1: such a P becomes a copy of the nearest C or R before it.
     4. Out-of-range parameters are clamped (channels, odd kernel, hidden units); the last F is the head
        with ``current``'s class count (a missing F block becomes just the head).
-    5. Depth: past 20 modules, random (``rng``) non-first C/P or hidden F modules are deleted; under 3, the
-       last C is repeated.
+    5. Depth: past 20 modules, random (``rng``) non-first C/R/P or hidden F modules are deleted; under 3,
+       the last C or R is repeated.
     """
     current.validate(input_shape)
     num_classes = current.num_classes
@@ -129,12 +143,13 @@ def align(
         features[0] = first
     size = min(input_shape[1], input_shape[2])
     for i, layer in enumerate(features):
-        if isinstance(layer, Conv):
-            features[i] = Conv(min(max(layer.out_channels, 1), MAX_CHANNELS), _odd_kernel(layer.kernel_size))
+        if isinstance(layer, Features):
+            kind = type(layer)
+            features[i] = kind(min(max(layer.out_channels, 1), MAX_CHANNELS), _odd_kernel(layer.kernel_size))
         elif size >= 2:
             size //= 2
         else:
-            features[i] = next(f for f in reversed(features[:i]) if isinstance(f, Conv))
+            features[i] = next(f for f in reversed(features[:i]) if isinstance(f, Features))
     dense = [Dense(min(max(d.units, 1), MAX_UNITS)) for d in dense[:-1]] + [Dense(num_classes)]
     while len(features) + len(dense) > MAX_DEPTH:
         removable = len(features) - 1 + len(dense) - 1  # never the first C nor the head
@@ -144,7 +159,7 @@ def align(
         else:
             del dense[k - (len(features) - 1)]
     while len(features) + len(dense) < MIN_DEPTH:
-        last_conv = next(f for f in reversed(features) if isinstance(f, Conv))
+        last_conv = next(f for f in reversed(features) if isinstance(f, Features))
         features.append(last_conv)
     return ChainSpec((*features, *dense)).validate(input_shape)
 
@@ -176,8 +191,10 @@ class ChainSpace:
         if isinstance(old, Dense):
             if j < len(layers) - 1:  # a hidden F: new width (the head keeps the class count)
                 layers[j] = Dense(int(rng.choice(HIDDEN_UNITS)))
-        elif j == 0 or rng.random() < CONV_PROBABILITY:
-            layers[j] = random_conv(rng)
+        elif j == 0:
+            layers[j] = random_conv(rng)  # the stem stays a C
+        elif rng.random() < CONV_PROBABILITY:
+            layers[j] = random_conv(rng, input_shape)
         else:
             layers[j] = Pool("avg" if rng.random() < 0.5 else "max")
         return align(spec, ChainSpec(tuple(layers)), rng, input_shape)
@@ -209,8 +226,9 @@ class ChainSpace:
         assert isinstance(spec, ChainSpec)
         out = np.zeros((MAX_DEPTH, 4), dtype=np.float32)
         for j, layer in enumerate(spec.layers[:MAX_DEPTH]):
-            if isinstance(layer, Conv):
-                out[j] = (_KINDS["C"], layer.out_channels, layer.kernel_size, 0)
+            if isinstance(layer, Features):
+                kind = "C" if isinstance(layer, Conv) else "R"
+                out[j] = (_KINDS[kind], layer.out_channels, layer.kernel_size, 0)
             elif isinstance(layer, Pool):
                 out[j] = (_KINDS["Pmax" if layer.kind == "max" else "Pavg"], 0, 0, 0)
             else:
@@ -223,8 +241,8 @@ def narrow(spec: ChainSpec) -> ChainSpec:
     tries when its warm-start architecture does not fit the budget."""
     layers: list[Layer] = []
     for i, layer in enumerate(spec.layers):
-        if isinstance(layer, Conv):
-            layer = Conv(max(8, layer.out_channels // 2), layer.kernel_size)
+        if isinstance(layer, Features):
+            layer = type(layer)(max(8, layer.out_channels // 2), layer.kernel_size)
         elif isinstance(layer, Dense) and i < len(spec.layers) - 1:
             layer = Dense(max(8, layer.units // 2))
         layers.append(layer)

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, TypeVar
 from common.checks import check_int, check_number, from_preset
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import parse_arch
+from edge_sdk.augment import Augment, Schedule, check_recipe
 from edge_sdk.halving import plateaued
 
 __all__ = ["RECORD_DEFAULTS", "SHARED_PRESETS", "SearchConfig", "check_arch"]
@@ -56,6 +57,9 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "plateau_patience": 2,
     "plateau_min_epochs": 4,
     "plateau_min_delta": 0.01,
+    "augment": "auto",
+    "schedule": "auto",
+    "weight_decay": None,
 }
 
 
@@ -90,6 +94,13 @@ class SearchConfig:
         plateau_min_epochs: the fewest epochs of final training before the plateau rule may stop it.
         plateau_min_delta: the fall of the validation loss, as a share of its best so far, that still
             counts as progress for the plateau rule.
+        augment: the candidates' and the final training's augmentation: random crops from a padded
+            border and horizontal flips (crop-flip), none, or auto: crop-flip for color images, none for
+            grayscale ones, where a mirrored or shifted digit is another digit or leaves its frame.
+        schedule: the learning rate over each training run: constant, cosine (decaying to 0 over the
+            run), or auto: cosine for color images, constant for grayscale.
+        weight_decay: Adam's L2 penalty of the candidates' and the final training; none: from the
+            input (some for color images, none for grayscale).
     """
 
     strategy: ClassVar[str]
@@ -104,6 +115,9 @@ class SearchConfig:
     plateau_patience: int = 2
     plateau_min_epochs: int = 4
     plateau_min_delta: float = 0.01
+    augment: Augment = "auto"
+    schedule: Schedule = "auto"
+    weight_decay: float | None = None
 
     def __post_init__(self) -> None:
         if type(self) is SearchConfig:
@@ -118,6 +132,12 @@ class SearchConfig:
             check_int("max_train_samples", self.max_train_samples, 1)
         if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError(f"lr must be a positive finite number, got {self.lr!r}")
+        check_recipe(self.augment, self.schedule, self.weight_decay)
+
+    def recipe(self) -> dict[str, Any]:
+        """The training recipe's options, as :class:`edge_sdk.train.TrainConfig` and
+        :func:`edge_sdk.final_training.train_final` take them (resolved per input when training)."""
+        return {"augment": self.augment, "schedule": self.schedule, "weight_decay": self.weight_decay}
 
     def finalist_epochs(self) -> int:
         """Epochs every finalist trains before all but the best stop (``final_epochs``: one finalist)."""

@@ -214,6 +214,7 @@ class Evaluator:
             lr=self.config.lr,
             batch_size=self.config.batch_size,
             precision=self.precision,
+            **self.config.recipe(),
         )
         self.curves[key] = train(model, self.train_split, config=config, seed=seed, device=self.device)
         loss, _ = evaluate(model, self.val_split, device=self.device, precision=self.precision)

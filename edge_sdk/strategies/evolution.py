@@ -162,45 +162,24 @@ def evolve(
     """
 
     def draw(make: Callable[[], ArchSpec]) -> ArchSpec | None:
-        for _ in range(SAMPLE_ATTEMPTS):
-            spec = make()
-            if admits(spec):
-                return spec
-        return None
+        return _draw(make, admits)
 
-    pool: dict[str, tuple[ArchSpec, float]] = {}  # real fitness of the initial population
-    sampled = 0
-    for _ in range(population):
-        if any(np.isfinite(f) for _, f in pool.values()) and out_of_time():
-            break
-        sampled += 1
-        spec = draw(lambda: space.sample(rng, input_shape, num_classes))
-        if spec is None:
-            break
-        fitness, rejected = evaluate_spec(spec)
-        if rejected is None:
-            pool[str(spec)] = (spec, fitness)
+    def sample() -> ArchSpec | None:
+        return draw(lambda: space.sample(rng, input_shape, num_classes))
+
+    pool, sampled = _initial_population(sample, evaluate_spec, population, out_of_time)
     finite = [(s, f) for s, f in pool.values() if np.isfinite(f)]
     if not finite:
         raise BudgetError(
             f"the device budget admits no architecture of the {space.name} space among "
             f"{population * SAMPLE_ATTEMPTS} samples; raise the budget or use another space"
         )
-    x = np.stack([space.encode(s) for s, _ in finite])
-    y = np.asarray([f for _, f in finite], dtype=np.float64)
-    n_held = max(3, len(finite) // 5) if len(finite) >= 8 else 0  # a fifth, and at least 3 to rank
-    held = np.random.default_rng(seed).permutation(len(finite))[:n_held]
-    keep = np.setdiff1d(np.arange(len(finite)), held)
+    forest, heldout = _predictor(space, finite, seed)
     details: dict[str, Any] = {
         "space": space.name,
         "initial_population": len(finite),
-        "predictor_heldout": {"spearman": None, "kendall": None, "n": 0},
+        "predictor_heldout": heldout,
     }
-    if n_held:
-        probe = predictor(seed).fit(x[keep], y[keep])
-        details["predictor_heldout"] = rank_correlation(probe.predict(x[held]), y[held])
-    forest = predictor(seed).fit(x, y)
-
     scored = {str(s): (s, f) for s, f in finite}  # spec -> (spec, fitness: real or predicted)
     current = sorted(scored.values(), key=lambda item: item[1])[:population]
     generations_done = 0
@@ -220,13 +199,7 @@ def evolve(
             child = draw(lambda a=a, b=b: space.crossover(a, b, rng, input_shape))
             if child is not None:
                 children.append(child)
-        fresh = [c for c in children if str(c) not in scored]
-        if fresh:
-            predicted = forest.predict(np.stack([space.encode(c) for c in fresh]))
-            for child, value in zip(fresh, predicted, strict=True):
-                scored[str(child)] = (child, float(value))
-        merged = {str(s): (s, f) for s, f in current} | {str(c): scored[str(c)] for c in children}
-        current = sorted(merged.values(), key=lambda item: item[1])[:population]
+        current = _select(space, forest, scored, current, children, population)
 
     finalists = [s for s, _ in current[:reevaluate]]
     # real fitness: cached for initial members, which need no time
@@ -242,6 +215,74 @@ def evolve(
         },
     }
     return best, float(best_fitness), details
+
+
+def _draw(make: Callable[[], ArchSpec], admits: Callable[[ArchSpec], bool]) -> ArchSpec | None:
+    """A candidate the budget screen admits, in at most ``SAMPLE_ATTEMPTS`` tries (None: none)."""
+    for _ in range(SAMPLE_ATTEMPTS):
+        spec = make()
+        if admits(spec):
+            return spec
+    return None
+
+
+def _initial_population(
+    sample: Callable[[], ArchSpec | None],
+    evaluate_spec: Callable[[ArchSpec], tuple[float, str | None]],
+    population: int,
+    out_of_time: Callable[[], bool],
+) -> tuple[dict[str, tuple[ArchSpec, float]], int]:
+    """The initial population's real fitness by spec, and how many were sampled (the time budget is
+    asked once one evaluation succeeded)."""
+    pool: dict[str, tuple[ArchSpec, float]] = {}
+    sampled = 0
+    for _ in range(population):
+        if any(np.isfinite(f) for _, f in pool.values()) and out_of_time():
+            break
+        sampled += 1
+        spec = sample()
+        if spec is None:
+            break
+        fitness, rejected = evaluate_spec(spec)
+        if rejected is None:
+            pool[str(spec)] = (spec, fitness)
+    return pool, sampled
+
+
+def _predictor(
+    space: SearchSpace, finite: list[tuple[ArchSpec, float]], seed: int
+) -> tuple[Any, dict[str, Any]]:
+    """The accuracy predictor fitted on every evaluated spec, and its rank correlation on a held-out fifth
+    (fitted on the rest; at least 3 held out, none below 8 specs)."""
+    x = np.stack([space.encode(s) for s, _ in finite])
+    y = np.asarray([f for _, f in finite], dtype=np.float64)
+    n_held = max(3, len(finite) // 5) if len(finite) >= 8 else 0  # a fifth, and at least 3 to rank
+    held = np.random.default_rng(seed).permutation(len(finite))[:n_held]
+    keep = np.setdiff1d(np.arange(len(finite)), held)
+    heldout: dict[str, Any] = {"spearman": None, "kendall": None, "n": 0}
+    if n_held:
+        probe = predictor(seed).fit(x[keep], y[keep])
+        heldout = rank_correlation(probe.predict(x[held]), y[held])
+    return predictor(seed).fit(x, y), heldout
+
+
+def _select(
+    space: SearchSpace,
+    forest: Any,
+    scored: dict[str, tuple[ArchSpec, float]],
+    current: list[tuple[ArchSpec, float]],
+    children: list[ArchSpec],
+    population: int,
+) -> list[tuple[ArchSpec, float]]:
+    """The next generation: the new children's fitness predicted (into ``scored``), then the best
+    ``population`` of the current one and the children."""
+    fresh = [c for c in children if str(c) not in scored]
+    if fresh:
+        predicted = forest.predict(np.stack([space.encode(c) for c in fresh]))
+        for child, value in zip(fresh, predicted, strict=True):
+            scored[str(child)] = (child, float(value))
+    merged = {str(s): (s, f) for s, f in current} | {str(c): scored[str(c)] for c in children}
+    return sorted(merged.values(), key=lambda item: item[1])[:population]
 
 
 def supernet_of(search: SearchConfig) -> str | None:

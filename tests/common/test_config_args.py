@@ -191,10 +191,10 @@ def test_every_field_of_the_commands_configs_has_a_flag():
     from edge_sdk.client import ClientConfig
     from edge_sdk.personalize import PersonalizeConfig
     from edge_sdk.search import STRATEGIES
-    from server_kit.aggregate import AggregateConfig
-    from server_kit.pke import PKEConfig
-    from server_kit.simulate import SimulateConfig
-    from server_kit.supernet import SupernetConfig
+    from server_kit.aggregate_config import AggregateConfig
+    from server_kit.federation.simulate import SimulateConfig
+    from server_kit.personalization.pke import PKEConfig
+    from server_kit.personalization.supernet import SupernetConfig
 
     search = {"search": tuple(s.config for s in STRATEGIES.values())}
     # the server's seed is --seed; the loss's hard labels follow --hard-labels
@@ -221,14 +221,14 @@ def test_every_field_of_the_commands_configs_has_a_flag():
 
 def test_a_new_field_shows_up_as_a_flag_without_a_cli_edit(monkeypatch):
     """A field added to a config (here: a subclass put in its place) is a flag of the command."""
-    import server_kit.pke
-    from server_kit.pke import PKEConfig
+    import server_kit.personalization
+    from server_kit.personalization import PKEConfig
 
     @dataclass(frozen=True, kw_only=True)
     class Extended(PKEConfig):
         warmup_epochs: int = 0  # epochs before the proximal term weighs in
 
-    monkeypatch.setattr(server_kit.pke, "PKEConfig", Extended)
+    monkeypatch.setattr(server_kit.personalization, "PKEConfig", Extended)  # where the CLI takes it from
     args = build_parser().parse_args(
         ["personalize", "b", "--aggregate", "a", "--out", "o", "--warmup-epochs", "2"]
     )

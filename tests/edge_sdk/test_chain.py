@@ -6,7 +6,17 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from common.errors import SpecError
 from edge_sdk.arch import build_model, parse_arch
-from edge_sdk.chain import MAX_CHANNELS, MAX_DEPTH, MAX_KERNEL, MAX_UNITS, ChainSpec, Conv, Dense, Pool
+from edge_sdk.chain import (
+    MAX_CHANNELS,
+    MAX_DEPTH,
+    MAX_KERNEL,
+    MAX_UNITS,
+    ChainSpec,
+    Conv,
+    Dense,
+    Pool,
+    Residual,
+)
 
 MIN_SPEC = "C1k1-F4-F10"
 MAX_SPEC = "-".join(
@@ -17,7 +27,12 @@ MAX_SPEC = "-".join(
 )
 
 
-@pytest.mark.parametrize("text", ["C32k3-P-C64k5-P-F128-F10", "C8k1-Pavg-F10", MIN_SPEC, MAX_SPEC])
+RESIDUAL_SPEC = "C16k3-R16k3-P-R32k5-Pavg-R32k1-F64-F10"  # identity and projection shortcuts
+
+
+@pytest.mark.parametrize(
+    "text", ["C32k3-P-C64k5-P-F128-F10", "C8k1-Pavg-F10", MIN_SPEC, MAX_SPEC, RESIDUAL_SPEC]
+)
 def test_string_and_json_round_trip(text):
     spec = ChainSpec.parse(text)
     assert str(spec) == text
@@ -34,12 +49,17 @@ def test_pmax_alias_renders_as_p():
 def test_parsed_modules():
     spec = ChainSpec.parse("C32k3-Pavg-F128-F10")
     assert spec.layers == (Conv(32, 3), Pool("avg"), Dense(128), Dense(10))
+    assert ChainSpec.parse("C8k3-R16k5-F10").layers == (Conv(8, 3), Residual(16, 5), Dense(10))
 
 
 @pytest.mark.parametrize(
     ("text", "match"),
     [
         ("P-C8k3-F10", "first module must be C"),
+        ("R8k3-P-F10", "first module must be C"),
+        ("C8k3-F20-R8k3-F10", "before the first F"),
+        (f"C8k3-R{MAX_CHANNELS + 1}k3-F10", "channels"),
+        ("C8k3-R8k4-F10", "kernel"),
         ("C8k3-P-C8k3", "last module must be F"),
         ("C8k3-F10", "depth must be"),
         ("C8k3-F20-C8k3-F10", "before the first F"),
@@ -72,7 +92,7 @@ def test_unknown_zoo_model():
         parse_arch("zoo:alexnet-xl")
 
 
-@pytest.mark.parametrize("text", [MIN_SPEC, "C32k3-P-C64k5-Pavg-F128-F10", MAX_SPEC])
+@pytest.mark.parametrize("text", [MIN_SPEC, "C32k3-P-C64k5-Pavg-F128-F10", MAX_SPEC, RESIDUAL_SPEC])
 @pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (1, 8, 8)])
 def test_builder_output_and_cost_match_flop_counter(text, shape):
     spec = ChainSpec.parse(text)

@@ -30,8 +30,8 @@ from edge_sdk.profiling import count_flops
 from edge_sdk.search import search
 from edge_sdk.strategies.supernet_proxy import recalibrate_bn
 from export.onnx_export import export_onnx
-from server_kit.hetero_avg import hetero_avg
-from server_kit.supernet import SupernetConfig, train_supernet
+from server_kit.personalization.hetero_avg import hetero_avg
+from server_kit.personalization.supernet import SupernetConfig, train_supernet
 from tests.edge_sdk.test_search import _fast, _profile, digits  # noqa: F401
 
 SHAPE = (1, 28, 28)

@@ -47,7 +47,8 @@ def test_a_device_below_every_role_is_refused_with_the_fix() -> None:
 
 
 def test_shipped_profiles_that_cannot_host_edge_sdk_run() -> None:
-    """The profiles whose memory_mb is below the smallest measured run (README, "Installs")."""
+    """The profiles whose memory_mb is below the smallest measured run (benchmarks/RESULTS.md, "Devices too
+    small for the toolkit")."""
     refused = {name for name in list_profiles() if not hosts(load_profile(name), "auto")}
     assert refused == {"raspberry-pi-zero-2w", "wearable"}
     cvae_only = {

@@ -46,8 +46,8 @@ def test_outliers_shuffle_tiles_and_blend_only_two_classes() -> None:
 
 
 def test_unknown_output_goes_from_training_to_a_teacher_that_abstains(tmp_path: Path) -> None:
-    from server_kit.abstain import Abstaining, own_probability
-    from server_kit.teachers import classifier_weight, load_teacher
+    from server_kit.teachers.abstain import Abstaining, own_probability
+    from server_kit.teachers.loading import classifier_weight, load_teacher
 
     data = load_dataset("digits").subset(np.arange(300))
     train_split, val_split = split_train_val(data, val_fraction=0.2, seed=0)

@@ -23,7 +23,7 @@ from export.bundle import read_bundle
 from export.onnx_export import INPUT_NAME, onnx_session, read_deploy
 from export.package import read_package
 from server_kit.aggregate import aggregate
-from server_kit.pke import PKEConfig, extractor_names, personalize_server, train_server_models
+from server_kit.personalization.pke import PKEConfig, extractor_names, personalize_server, train_server_models
 from tests.export.test_onnx_check import loop_in_front
 from tests.server_kit.test_aggregate import SHAPE, L, _bundle, bundles, tiny_config  # noqa: F401
 from tests.server_kit.test_synth_sources import TINY_GENERATOR

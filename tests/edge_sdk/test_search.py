@@ -413,7 +413,8 @@ def test_replace_switches_strategy_keeping_the_shared_options() -> None:
 
 def test_record_keeps_the_single_config_shape() -> None:
     """The default PSO config records what the one SearchConfig of before the split recorded, plus the
-    halving and plateau fields (#32: a resume redoes a client trained without them); other strategies
+    halving and plateau fields (#32: a resume redoes a client trained without them) and the training
+    recipe's (#31, likewise); other strategies
     fill the foreign keys with those defaults."""
     old_default = {
         "strategy": "pso",
@@ -442,6 +443,9 @@ def test_record_keeps_the_single_config_shape() -> None:
         "plateau_patience": 2,
         "plateau_min_epochs": 4,
         "plateau_min_delta": 0.01,
+        "augment": "auto",
+        "schedule": "auto",
+        "weight_decay": None,
     }
     assert PSOConfig().to_dict() == old_default
     assert list(PSOConfig().to_dict()) == list(old_default)

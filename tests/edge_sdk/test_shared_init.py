@@ -22,8 +22,8 @@ from edge_sdk.strategies.baselines import FixedConfig
 from export.bundle import read_bundle
 from profiles import load_profile
 from server_kit.evaluate import evaluate_module
-from server_kit.fedavg import fedavg_init
-from server_kit.teachers import load_teachers
+from server_kit.teachers.loading import load_teachers
+from server_kit.training.fedavg import fedavg_init
 
 ARCH = "C8k3-P-C16k3-P-F10"
 SHAPE = (1, 8, 8)  # scikit-learn digits

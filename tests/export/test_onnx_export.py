@@ -258,3 +258,23 @@ def test_zoo_like_model_exports() -> None:
     assert ops.count("BatchNormalization") == 3
     rebuilt = _load_from_initializers(_ZooLike(), data)
     assert check_parity(rebuilt, data, (3, 16, 16)) <= 1e-4  # check_parity's default bound
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "C32k5-P-C64k5-P-F10",  # CNN1, the search's warm start, on color images
+        "C8k3-R8k3-P-R16k5-Pavg-F32-F10",  # residual blocks: identity and projection shortcuts
+        "mbv3:s16-16:k3e3-24:k3e3-32:k3e3.k3e3-64:k3e3.k3e3",  # the elastic space's smallest subnet
+    ],
+)
+def test_color_sized_models_export_with_parity_and_rebuild(arch: str) -> None:
+    shape = (3, 16, 16)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_model(arch, shape, 10)
+        model.train()(torch.rand(8, *shape))  # non-trivial BatchNorm running statistics
+    data = export_onnx(model.eval(), shape, metadata={"arch": arch})
+    assert "BatchNormalization" in _ops(data)
+    rebuilt = _load_from_initializers(build_model(arch, shape, 10), data)  # as the server rebuilds a teacher
+    assert check_parity(rebuilt, data, shape) <= 1e-4  # check_parity's default bound

@@ -115,6 +115,7 @@ def test_sensitive_nodes_stay_float_until_the_agreement_holds(boundary) -> None:
     assert share > plain_share and share >= target
     graph = onnx.load_model_from_string(guarded).graph
     assert any(n.op_type == "QuantizeLinear" for n in graph.node), "still an int8 model"
+    assert not meta["int8_weighted_nodes"].startswith("0 of")
 
 
 def test_agreement_that_only_float_reaches_is_refused(boundary) -> None:

@@ -19,9 +19,10 @@ from edge_sdk.personalize import PersonalizeConfig, personalize
 from export.bundle import read_bundle
 from export.package import read_package
 from export.weights_file import read_weights_file
-from server_kit.decoders import load_decoder, sample_decoders
-from server_kit.labels import held_classes, teacher_probs
-from server_kit.teachers import load_teachers
+from server_kit.labelling.labels import teacher_probs
+from server_kit.synthesis.decoders import load_decoder, sample_decoders
+from server_kit.teachers.counts import held_classes
+from server_kit.teachers.loading import load_teachers
 from tests.fuzz import seeds as seeds_module
 from tests.fuzz.hostile import hostile_consumers
 

@@ -28,8 +28,8 @@ from common.configs import read_config_file
 from edge_sdk.flower_client import FlowerTask
 from edge_sdk.shared_init import initial_weights, read_initial_weights
 from profiles import load_profile, profile_to_toml
-from server_kit.report import write_report
-from server_kit.simulate import SimulateConfig
+from server_kit.federation.simulate import SimulateConfig
+from server_kit.report.html import write_report
 from tests.fuzz.onnx_mutators import ONNX_MUTATIONS, SECRET_NAME
 
 __all__ = ["HOSTILE_KINDS", "HOSTILE_MUTATIONS", "build_hostile_seeds", "hostile_consumers"]

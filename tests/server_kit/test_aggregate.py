@@ -15,11 +15,13 @@ from edge_sdk.arch import build_model
 from edge_sdk.data import ArrayDataset, deploy_metadata_for
 from export.bundle import Bundle, read_bundle, write_bundle
 from export.onnx_export import export_onnx, read_deploy, read_metadata, validate_onnx
-from server_kit.aggregate import SYNTHETIC_FILE, AggregateConfig, aggregate, load_synthetic
-from server_kit.distill import DistillConfig
-from server_kit.inversion import InversionConfig
-from server_kit.labels import LabelConfig
-from server_kit.teachers import declared_class_names, teachers_from_bundles
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
+from server_kit.labelling.labels import LabelConfig
+from server_kit.synthesis import SYNTHETIC_FILE, load_synthetic
+from server_kit.synthesis.inversion import InversionConfig
+from server_kit.teachers.loading import declared_class_names, teachers_from_bundles
+from server_kit.training.distill import DistillConfig
 
 SHAPE = (1, 8, 8)
 L = 3
@@ -236,7 +238,7 @@ def test_grid_rows_follow_the_consensus_argmax():
 
     import numpy as np
 
-    from server_kit.grid import grid_png
+    from server_kit.report.grid import grid_png
 
     x = torch.stack([torch.full(SHAPE, v) for v in (0.2, 0.6, 1.0, 0.4)])  # 4 flat images
     probs = torch.tensor([[0.6, 0.4, 0.0], [0.9, 0.1, 0.0], [0.1, 0.8, 0.1], [0.7, 0.3, 0.0]])
@@ -254,7 +256,7 @@ def test_grid_rows_follow_the_consensus_argmax():
 def test_tile_draws_what_torchvision_make_grid_drew(n, channels, columns, padding):
     make_grid = pytest.importorskip("torchvision.utils").make_grid
 
-    from server_kit.grid import tile
+    from server_kit.report.grid import tile
 
     cells = torch.rand(n, channels, 5, 4, generator=torch.Generator().manual_seed(n))
     want = make_grid(cells, nrow=columns, padding=padding, pad_value=0.5)

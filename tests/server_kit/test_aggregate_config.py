@@ -12,11 +12,11 @@ import pytest
 from common.device import resolve_device
 from common.errors import ConfigError
 from edge_sdk.precision import resolve_precision
-from server_kit.adversarial import AdversarialConfig
-from server_kit.aggregate import AggregateConfig
+from server_kit.aggregate_config import AggregateConfig
 from server_kit.cli import main
-from server_kit.fusion import FusionConfig
-from server_kit.labels import LabelConfig
+from server_kit.labelling.labels import LabelConfig
+from server_kit.training.adversarial import AdversarialConfig
+from server_kit.training.fusion import FusionConfig
 from tests.server_kit.test_aggregate import bundles  # noqa: F401
 from tests.server_kit.test_server_cli import TINY
 

@@ -19,8 +19,8 @@ from export.bundle import Bundle, bundle_from_bytes, bundle_to_bytes, read_bundl
 from export.onnx_export import onnx_session
 from export.wire import canonical_sha256
 from profiles import load_profile
-from server_kit import decoders as decoders_module
-from server_kit.decoders import (
+from server_kit.synthesis import decoders as decoders_module
+from server_kit.synthesis.decoders import (
     OnnxDecoder,
     allocate_samples,
     filter_by_centroid,

@@ -9,8 +9,8 @@ from torch import nn
 
 from common.errors import ConfigError
 from edge_sdk.arch import build_model
-from server_kit.distill import DistillConfig, distill
-from server_kit.labels import consensus
+from server_kit.labelling.labels import consensus
+from server_kit.training.distill import DistillConfig, distill
 
 SHAPE = (1, 8, 8)
 L = 3
@@ -106,7 +106,7 @@ def test_distill_config_validation(overrides, match):
 
 
 def test_random_shift_translates_each_image_within_the_bound():
-    from server_kit.distill import random_shift
+    from server_kit.training.distill import random_shift
 
     x = torch.zeros(64, 1, 10, 10)
     x[:, 0, 5, 5] = 1.0  # one lit pixel in the middle of every image

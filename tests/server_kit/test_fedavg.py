@@ -11,8 +11,8 @@ from torch import nn
 from common.errors import ConfigError
 from edge_sdk.arch import build_model
 from export.bundle import Bundle
-from server_kit.fedavg import average_state_dicts, fedavg_init
-from server_kit.teachers import Teacher
+from server_kit.teachers.loading import Teacher
+from server_kit.training.fedavg import average_state_dicts, fedavg_init
 
 ARCH = "C4k3-P-F6-F3"
 SHAPE = (1, 4, 4)

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from server_kit.aggregate import AggregateConfig, aggregate, load_synthetic
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
 from server_kit.cli import main
-from server_kit.fusion import FusionConfig
+from server_kit.synthesis import load_synthetic
+from server_kit.training.fusion import FusionConfig
 from tests.server_kit.test_aggregate import SHAPE, SPECS, L, _bundle, bundles, tiny_config  # noqa: F401
 from tests.server_kit.test_decoders import decoder_bundle
 
@@ -132,8 +134,8 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     assert json.loads((tmp_path / "server" / "report.json").read_text())["training"] == "FedMHO-sd"
     # other initial weights are another client setting: a resume would train the classifiers again
     from edge_sdk.shared_init import initial_weights
-    from server_kit.resume import client_verdict as _client_verdict
-    from server_kit.simulate import SimulateConfig, _client_config, _resume_key
+    from server_kit.federation.resume import client_verdict as _client_verdict
+    from server_kit.federation.simulate import SimulateConfig, _client_config, _resume_key
 
     config = SimulateConfig.preset("fedmho", dataset="digits", out_dir=tmp_path, num_clients=4, alpha=1.0)
     bundle, data = tmp_path / "clients" / "client_00.bundle", tmp_path / "data" / "client_00.npz"

@@ -36,13 +36,13 @@ from edge_sdk.cvae import CVAEConfig  # noqa: E402
 from edge_sdk.strategies.baselines import FixedConfig  # noqa: E402
 from export.bundle import read_bundle  # noqa: E402
 from export.package import read_package  # noqa: E402
-from server_kit import flower_server  # noqa: E402
-from server_kit.aggregate import AggregateConfig  # noqa: E402
-from server_kit.distill import DistillConfig  # noqa: E402
-from server_kit.flower_server import FlowerServerConfig, check_reply, make_server_app, run_round  # noqa: E402
-from server_kit.inversion import InversionConfig  # noqa: E402
-from server_kit.pke import PKEConfig  # noqa: E402
-from server_kit.simulate import SimulateConfig, simulate  # noqa: E402
+from server_kit.aggregate_config import AggregateConfig  # noqa: E402
+from server_kit.federation import flower_server  # noqa: E402
+from server_kit.federation.flower_server import FlowerServerConfig, check_reply, make_server_app, run_round  # noqa: E402
+from server_kit.federation.simulate import SimulateConfig, simulate  # noqa: E402
+from server_kit.personalization.pke import PKEConfig  # noqa: E402
+from server_kit.synthesis.inversion import InversionConfig  # noqa: E402
+from server_kit.training.distill import DistillConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -308,7 +308,7 @@ def test_the_app_config_in_pyproject_is_a_valid_round(tmp_path):
     """`flwr run .` reads [tool.flwr.app]: its components exist and its config builds the round's knobs."""
     app = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     assert app["components"] == {
-        "serverapp": "server_kit.flower_server:app",
+        "serverapp": "server_kit.federation.flower_server:app",
         "clientapp": "edge_sdk.flower_client:app",
     }
     run_config = flatten_dict(app["config"])

@@ -13,7 +13,7 @@ from torch import nn
 from common.errors import ConfigError
 from edge_sdk.arch import build_model
 from export.onnx_export import onnx_session, read_metadata
-from server_kit.generator import (
+from server_kit.synthesis.generator import (
     NO_TEACHER,
     ConditionalGenerator,
     GeneratorConfig,
@@ -27,7 +27,7 @@ from server_kit.generator import (
     synthesize_generator,
     train_generator,
 )
-from server_kit.labels import class_shares, held_classes
+from server_kit.teachers.counts import class_shares, held_classes
 
 SHAPE = (1, 8, 8)
 L = 3
@@ -133,7 +133,7 @@ def test_masked_ce_ignores_a_teachers_logits_of_classes_it_never_saw():
 
 
 def test_ensemble_ce_is_the_label_weighted_ensembles_cross_entropy():
-    from server_kit.generator import ensemble_ce
+    from server_kit.synthesis.generator import ensemble_ce
 
     weights = class_shares(COUNTS)  # teacher 1 never saw class 0, teacher 0 never saw class 2
     logits = torch.randn((2, 6, L), generator=torch.Generator().manual_seed(4))

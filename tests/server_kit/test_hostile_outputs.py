@@ -11,9 +11,10 @@ import pytest
 from PIL import Image
 
 from common.errors import ConfigError, DataError
-from server_kit.aggregate import AggregateConfig, aggregate
-from server_kit.report import REPORT_FILE, read_run, write_report
-from server_kit.simulate import SimulateConfig, simulate
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
+from server_kit.federation.simulate import SimulateConfig, simulate
+from server_kit.report.html import REPORT_FILE, read_run, write_report
 
 
 def test_aggregate_refuses_a_linked_work_folder_before_any_work(tmp_path):

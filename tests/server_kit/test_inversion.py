@@ -11,7 +11,7 @@ from torch import nn
 
 from common.errors import ConfigError
 from edge_sdk.arch import build_model
-from server_kit.inversion import (
+from server_kit.synthesis.inversion import (
     CONCENTRATION_EPS,
     InversionConfig,
     class_similarity,

@@ -9,7 +9,7 @@ from torch import nn
 
 from common.errors import ConfigError, DataError
 from edge_sdk.arch import build_model
-from server_kit.labels import (
+from server_kit.labelling.labels import (
     LabelConfig,
     check_label_counts,
     class_shares,
@@ -195,7 +195,7 @@ def test_label_synthetic_validation():
 
 
 def test_a_teacher_that_says_unknown_loses_its_vote_on_that_sample():
-    from server_kit.abstain import Abstaining
+    from server_kit.teachers.abstain import Abstaining
 
     # teacher 0 holds classes 0 and 1 and calls everything class 0, but its "unknown" output (the 4th)
     # says the first two images are not its own; teacher 1 holds class 2 and calls everything class 2,
@@ -230,7 +230,7 @@ def test_a_teacher_that_says_unknown_loses_its_vote_on_that_sample():
 
 
 def test_a_sample_every_teacher_disowns_still_gets_a_target():
-    from server_kit.abstain import MIN_OWN, Abstaining
+    from server_kit.teachers.abstain import MIN_OWN, Abstaining
 
     class Disowns(nn.Module):  # "unknown" by a margin no float32 softmax can tell from certainty
         def forward(self, x: torch.Tensor) -> torch.Tensor:

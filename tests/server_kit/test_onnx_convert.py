@@ -19,7 +19,7 @@ from torch import nn
 
 from common.errors import TeacherError
 from export.onnx_check import ALLOWED_OPS
-from server_kit.onnx_convert import SUPPORTED_OPS, OnnxModule, convert_onnx
+from server_kit.teachers.onnx_convert import SUPPORTED_OPS, OnnxModule, convert_onnx
 from tests.export.test_onnx_check import external_weight, loop_in_front
 
 

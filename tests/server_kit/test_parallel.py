@@ -1,4 +1,5 @@
-"""Teachers side by side (server_kit.parallel): same results as one after the other, in teacher order."""
+"""Teachers side by side (server_kit.teachers.parallel): same results as one after the other, in teacher
+order."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from server_kit.inversion import synthesize_inversion
-from server_kit.labels import consensus
-from server_kit.parallel import map_teachers, teacher_workers
+from server_kit.labelling.labels import consensus
+from server_kit.synthesis.inversion import synthesize_inversion
+from server_kit.teachers.parallel import map_teachers, teacher_workers
 from tests.server_kit.test_inversion import SHAPE, L, _teachers, config
 
 

@@ -8,10 +8,31 @@ import pytest
 import torch
 
 from common.errors import ConfigError, DataError
-from server_kit.aggregate import SOURCES, Federation, label, synthesize, train_global
-from server_kit.labels import LabelConfig
-from server_kit.teachers import load_teachers
+from server_kit.aggregate_config import AggregateConfig
+from server_kit.labelling import Labels, label, top_up
+from server_kit.labelling.labels import LabelConfig
+from server_kit.synthesis import SOURCES, DecoderPool, Synthesis, SyntheticSet, synthesize
+from server_kit.teachers import Federation
+from server_kit.teachers.loading import load_teachers
+from server_kit.training import Training, train_global
 from tests.server_kit.test_aggregate import SHAPE, L, bundles, tiny_config  # noqa: F401
+
+
+# each phase takes its own settings: these run it with those of an AggregateConfig, as the driver does
+def _synthesize(fed: Federation, config: AggregateConfig, out) -> Synthesis:
+    return synthesize(fed, config.synthesis_config(bool(fed.decoders)), out)
+
+
+def _label(fed: Federation, synthesis: Synthesis, config: AggregateConfig) -> Labels:
+    return label(fed, synthesis, config.labelling_config())
+
+
+def _top_up(fed: Federation, synthesis: Synthesis, labels: Labels, config: AggregateConfig):
+    return top_up(fed, synthesis, labels, config.labelling_config())
+
+
+def _train_global(fed: Federation, synthesis: Synthesis, labels: Labels, config: AggregateConfig) -> Training:
+    return train_global(fed, synthesis, labels, config.training_config())
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +48,7 @@ def test_federation_reads_what_the_bundles_say(fed):
 
 def test_synthesize_pools_sources_in_registry_order(tmp_path, fed):
     config = tiny_config(synth=("generator", "inversion"), generator=_tiny_generator(), verify_claims=False)
-    synthesis = synthesize(fed, config, tmp_path)
+    synthesis = _synthesize(fed, config, tmp_path)
     assert list(synthesis.parts) == [s for s in SOURCES if s in config.synth] == ["inversion", "generator"]
     assert synthesis.report["synthetic_sources"] == {"inversion": 36, "generator": 10}
     assert len(synthesis.synthetic) == 46 and synthesis.report["claims"] is None
@@ -37,7 +58,7 @@ def test_synthesize_pools_sources_in_registry_order(tmp_path, fed):
 
 
 def test_synthesize_checks_claims_after_the_inversion(tmp_path, fed):
-    synthesis = synthesize(fed, tiny_config(), tmp_path)  # verify_claims None: on with inversion
+    synthesis = _synthesize(fed, tiny_config(), tmp_path)  # verify_claims None: on with inversion
     claims = synthesis.report["claims"]
     assert set(claims) == {"rejected", "scores"} and "claims" in synthesis.seconds
     for k, c in claims["rejected"]:  # a rejected claim's count is 0 for every later phase
@@ -50,14 +71,14 @@ def test_label_phase_uses_the_rule_and_the_trusted_counts(tmp_path, fed):
     config = tiny_config(
         verify_claims=False, labels=LabelConfig(rule="conditioned", mask=True, drop_mismatch=False)
     )
-    synthesis = synthesize(fed, config, tmp_path)
-    labels = label(fed, synthesis, config)
+    synthesis = _synthesize(fed, config, tmp_path)
+    labels = _label(fed, synthesis, config)
     assert labels.targets.shape == (36, L) and labels.keep.all()
     torch.testing.assert_close(labels.targets.sum(1), torch.ones(36))  # normalised rows: ulps of 1
     # class 1 is held by teachers 1 and 2 only: masked, teacher 0 never puts mass on it
     no_class_1 = dataclasses.replace(synthesis, label_counts=[[10, 0, 5], [3, 0, 0], [4, 0, 4]])
-    assert label(fed, no_class_1, config).targets[:, 1].eq(0).all()
-    hard = label(fed, synthesis, dataclasses.replace(config, hard_labels=True))
+    assert _label(fed, no_class_1, config).targets[:, 1].eq(0).all()
+    hard = _label(fed, synthesis, dataclasses.replace(config, hard_labels=True))
     assert hard.report == {"rule": "hard"} and torch.equal(
         hard.targets.argmax(1), synthesis.synthetic.target_class
     )
@@ -65,13 +86,13 @@ def test_label_phase_uses_the_rule_and_the_trusted_counts(tmp_path, fed):
 
 def test_constructed_samples_keep_their_class_and_the_vote_still_drops_them(tmp_path, fed):
     config = tiny_config(verify_claims=False)
-    synthesis = synthesize(fed, config, tmp_path)
+    synthesis = _synthesize(fed, config, tmp_path)
     n = len(synthesis.synthetic)
     # pretend the inversion part came from decoders: labelled by construction, kept by the teachers' vote
     as_decoded = dataclasses.replace(synthesis, parts={"decoder": synthesis.parts["inversion"]})
-    voted = label(fed, synthesis, config)
+    voted = _label(fed, synthesis, config)
     one_hot = dataclasses.replace(config, construction_labels=("decoder",), construction_weight=1.0)
-    built = label(fed, as_decoded, one_hot)
+    built = _label(fed, as_decoded, one_hot)
     assert torch.equal(  # weight 1 on a one-hot target and 0 on the vote: exact in IEEE arithmetic
         built.targets, torch.nn.functional.one_hot(synthesis.synthetic.target_class, L).float()
     )
@@ -79,11 +100,11 @@ def test_constructed_samples_keep_their_class_and_the_vote_still_drops_them(tmp_
     assert built.report["by_construction"] == n and built.report["by_construction_kept"] == int(
         voted.keep.sum()
     )
-    blend = label(fed, as_decoded, dataclasses.replace(one_hot, construction_weight=0.25))
+    blend = _label(fed, as_decoded, dataclasses.replace(one_hot, construction_weight=0.25))
     # the same two float32 products and a sum: the float32 defaults
     torch.testing.assert_close(blend.targets, 0.25 * built.targets + 0.75 * voted.targets)
     kept_all = dataclasses.replace(one_hot, labels=LabelConfig(drop_mismatch=False))
-    assert label(fed, as_decoded, kept_all).keep.all()
+    assert _label(fed, as_decoded, kept_all).keep.all()
     with pytest.raises(ConfigError, match="construction_labels"):
         tiny_config(construction_labels=("decoders",))
     with pytest.raises(ConfigError, match="construction_weight"):
@@ -92,30 +113,30 @@ def test_constructed_samples_keep_their_class_and_the_vote_still_drops_them(tmp_
 
 def test_train_global_distils_on_the_kept_samples_only(tmp_path, fed):
     config = tiny_config(verify_claims=False)
-    synthesis = synthesize(fed, config, tmp_path)
-    labels = label(fed, synthesis, config)
-    training = train_global(fed, synthesis, labels, config)
+    synthesis = _synthesize(fed, config, tmp_path)
+    labels = _label(fed, synthesis, config)
+    training = _train_global(fed, synthesis, labels, config)
     assert training.init == "consensus-distillation" and training.spec == "C4k3-P-F16-F3"
     assert len(training.distill_loss) == config.distill.epochs and not training.student.training
     none_kept = dataclasses.replace(labels, keep=torch.zeros_like(labels.keep))
     with pytest.raises(DataError, match="drop_mismatch=False"):
-        train_global(fed, synthesis, none_kept, config)
+        _train_global(fed, synthesis, none_kept, config)
 
 
 def _tiny_generator():
-    from server_kit.generator import GeneratorConfig
+    from server_kit.synthesis.generator import GeneratorConfig
 
     return GeneratorConfig.preset(steps=2, batch_size=4, samples=10, width=4, nz=4)
 
 
 def test_adversarial_rounds_refine_the_student_and_leave_the_generator_alone(tmp_path, fed):
-    from server_kit.adversarial import AdversarialConfig
+    from server_kit.training.adversarial import AdversarialConfig
 
     rounds = AdversarialConfig(rounds=2, generator_steps=1, samples_per_round=8)
     config = tiny_config(synth=("inversion", "generator"), generator=_tiny_generator(), adversarial=rounds)
-    synthesis = synthesize(fed, config, tmp_path)
+    synthesis = _synthesize(fed, config, tmp_path)
     before = {k: v.clone() for k, v in synthesis.generator.state_dict().items()}
-    training = train_global(fed, synthesis, label(fed, synthesis, config), config)
+    training = _train_global(fed, synthesis, _label(fed, synthesis, config), config)
     assert set(training.adversarial) == {"student_loss", "adv", "kept"}
     assert len(training.adversarial["student_loss"]) == 2 and "adversarial" in training.seconds
     assert all(torch.equal(v, synthesis.generator.state_dict()[k]) for k, v in before.items())
@@ -173,8 +194,6 @@ class _ShadeDecoder(torch.nn.Module):
 def _toy_synthesis(pool_counts: list[list[int]]):
     """10 'inversion' samples per class, of which classes 1 and 2 are drawn as class 0 (the vote drops
     them), then 2 decoder samples per class."""
-    from server_kit.aggregate import DecoderPool, Synthesis
-    from server_kit.inversion import SyntheticSet
 
     y_inv = torch.arange(L).repeat_interleave(10)
     shade = torch.full((len(y_inv),), 0.25)
@@ -195,15 +214,13 @@ def _toy_synthesis(pool_counts: list[list[int]]):
 
 
 def test_top_up_brings_classes_the_vote_thinned_out_to_the_median_with_decoder_samples():
-    from server_kit.aggregate import top_up
-
     # decoders hold classes 0 and 2 only: class 2 can be topped up, class 1 cannot
     fed, synthesis = _toy_synthesis([[5, 0, 0], [0, 0, 5]])
     config = tiny_config(construction_weight=1.0)
-    labels = label(fed, synthesis, config)
+    labels = _label(fed, synthesis, config)
     kept = torch.bincount(labels.targets.argmax(1)[labels.keep], minlength=L).tolist()
     assert kept == [12, 2, 2]  # the vote calls every 'inversion' image class 0
-    grown, new = top_up(fed, synthesis, labels, config)
+    grown, new = _top_up(fed, synthesis, labels, config)
     report = new.report["top_up"]
     assert report["goal"] == 2 and report["added"] == [0, 0, 0]  # the median class is already at 2
 
@@ -216,9 +233,9 @@ def test_top_up_brings_classes_the_vote_thinned_out_to_the_median_with_decoder_s
     parts["inversion"] = dataclasses.replace(inv, x=fixed)
     pooled = dataclasses.replace(synthesis.synthetic, x=torch.cat([fixed, parts["decoder"].x]))
     synthesis = dataclasses.replace(synthesis, synthetic=pooled, parts=parts)
-    labels = label(fed, synthesis, config)
+    labels = _label(fed, synthesis, config)
     assert torch.bincount(labels.targets.argmax(1)[labels.keep], minlength=L).tolist() == [12, 12, 2]
-    grown, new = top_up(fed, synthesis, labels, config)
+    grown, new = _top_up(fed, synthesis, labels, config)
     report = new.report["top_up"]
     assert report["goal"] == 12 and report["drawn"][:2] == [0, 0] and report["drawn"][2] > 0
     assert report["added"] == [0, 0, 10]  # 13 drawn for 10 missing at the first samples' rate 0.8
@@ -229,11 +246,11 @@ def test_top_up_brings_classes_the_vote_thinned_out_to_the_median_with_decoder_s
     assert len(new.targets) == len(new.keep) == len(grown.synthetic) == 30 + 6 + 10
     assert (grown.parts["decoder"].target_class[6:] == 2).all()
     assert grown.report["synthetic_sources"] == {"inversion": 30, "decoder": 16}
-    again = top_up(fed, synthesis, labels, config)[0]  # seeded: the same draw
+    again = _top_up(fed, synthesis, labels, config)[0]  # seeded: the same draw
     assert torch.equal(again.synthetic.x, grown.synthetic.x)
     # off, or without decoders: the inputs come back
-    assert top_up(fed, synthesis, labels, dataclasses.replace(config, top_up=False)) == (synthesis, labels)
+    assert _top_up(fed, synthesis, labels, dataclasses.replace(config, top_up=False)) == (synthesis, labels)
     no_pool = dataclasses.replace(synthesis, decoders=None)
-    assert top_up(fed, no_pool, labels, config) == (no_pool, labels)
+    assert _top_up(fed, no_pool, labels, config) == (no_pool, labels)
     with pytest.raises(ConfigError, match="top_up"):
         tiny_config(top_up=1)

@@ -15,8 +15,8 @@ from PIL import Image
 
 from common.errors import DataError
 from server_kit.cli import main
-from server_kit.report import MAX_DEVICE_REPORT_BYTES, REPORT_FILE, device_curves, read_run, write_report
-from server_kit.report_figures import MAX_NAMED_LINES, clients_curve_figure
+from server_kit.report.figures import MAX_NAMED_LINES, clients_curve_figure
+from server_kit.report.html import MAX_DEVICE_REPORT_BYTES, REPORT_FILE, device_curves, read_run, write_report
 
 TINY = [
     "simulate", "--dataset", "digits", "--num-clients", "2", "--alpha", "1.0", "--seed", "0", "--quiet",

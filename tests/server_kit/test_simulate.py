@@ -15,10 +15,10 @@ from export.bundle import read_bundle
 from export.onnx_export import read_deploy
 from profiles import load_profile
 from server_kit.cli import main
-from server_kit.resume import client_verdict as _client_verdict
-from server_kit.resume import prepare_server as _prepare_server
-from server_kit.resume import uploads_of as _uploads
-from server_kit.simulate import (
+from server_kit.federation.resume import client_verdict as _client_verdict
+from server_kit.federation.resume import prepare_server as _prepare_server
+from server_kit.federation.resume import uploads_of as _uploads
+from server_kit.federation.simulate import (
     SimulateConfig,
     SimulateResult,
     _client_config,
@@ -236,7 +236,7 @@ def test_changed_epochs_redo_every_client(federation, tmp_path, caplog):
     out = tmp_path / "run"
     shutil.copytree(federation[0], out)
     before = _bundles(out)
-    with caplog.at_level(logging.INFO, logger="server_kit.simulate"):
+    with caplog.at_level(logging.INFO, logger="server_kit.federation.simulate"):
         assert main([*_with(TINY, final_epochs="11"), "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["resumed_clients"] == 0 and [r["client"] for r in results["redone_clients"]] == [0, 1, 2]
@@ -276,7 +276,7 @@ def test_changed_alpha_redoes_the_partition_and_the_clients(federation, tmp_path
     out = tmp_path / "run"
     shutil.copytree(federation[0], out)
     old_data = (out / "data" / "client_00.npz").read_bytes()
-    with caplog.at_level(logging.INFO, logger="server_kit.simulate"):
+    with caplog.at_level(logging.INFO, logger="server_kit.federation.simulate"):
         assert main([*_with(TINY, alpha="0.5"), "--out", str(out)]) == 0
     assert json.loads((out / "data" / "partition.json").read_text())["alpha"] == 0.5
     assert (out / "data" / "client_00.npz").read_bytes() != old_data

@@ -15,9 +15,9 @@ from edge_sdk.search import build_search_config, search_config_from_dict
 from edge_sdk.strategies.base import RECORD_DEFAULTS
 from edge_sdk.strategies.evolution import EvolutionConfig
 from edge_sdk.strategies.pso import PSOConfig
-from server_kit.adversarial import AdversarialConfig
 from server_kit.cli import main
-from server_kit.simulate import SimulateConfig
+from server_kit.federation.simulate import SimulateConfig
+from server_kit.training.adversarial import AdversarialConfig
 
 CONFIGS = {
     "default": SimulateConfig(dataset="digits", out_dir="runs/a"),
@@ -126,7 +126,7 @@ def test_a_missing_gpu_is_refused_before_the_partition(tmp_path, monkeypatch):
     its clients' CUDA without a GPU of its own may still build the config."""
     import torch
 
-    from server_kit.simulate import simulate
+    from server_kit.federation.simulate import simulate
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for where in ({"device": "cuda"}, {"aggregate": replace(CONFIGS["default"].aggregate, device="cuda:0")}):

@@ -10,7 +10,7 @@ from common.errors import ConfigError
 from export.bundle import read_bundle
 from export.onnx_export import read_deploy
 from server_kit.cli import main
-from server_kit.simulate import SimulateConfig
+from server_kit.federation.simulate import SimulateConfig
 
 COLOURS = {"blue": (20, 40, 220), "green": (30, 200, 40), "red": (210, 30, 30)}
 
@@ -76,7 +76,7 @@ def test_image_size_is_refused_where_it_does_not_apply(tmp_path, capsys):
 
 def test_flower_refuses_an_image_size_it_cannot_send(tmp_path):
     pytest.importorskip("flwr")
-    from server_kit.flower_server import FlowerServerConfig
+    from server_kit.federation.flower_server import FlowerServerConfig
 
     federation = SimulateConfig(dataset="folder", data_root=str(tmp_path), out_dir=tmp_path, image_size=8)
     with pytest.raises(ConfigError, match="image_size does not travel to Flower nodes"):

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from common.errors import ConfigError
-from server_kit.aggregate import AggregateConfig, aggregate
-from server_kit.generator import GeneratorConfig
+from server_kit.aggregate import aggregate
+from server_kit.aggregate_config import AggregateConfig
+from server_kit.synthesis.generator import GeneratorConfig
 from tests.server_kit.test_aggregate import bundles, tiny_config  # noqa: F401  (fixture reuse)
 
 TINY_GENERATOR = GeneratorConfig.preset("fast", nz=8, width=8, steps=3, batch_size=8, samples=20)

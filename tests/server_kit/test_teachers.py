@@ -16,9 +16,8 @@ from common.errors import BundleError, ConfigError, TeacherError
 from edge_sdk.arch import build_model
 from export.bundle import Bundle, bundle_to_bytes, write_bundle
 from export.onnx_export import export_onnx, onnx_session
-from server_kit import teachers as teachers_module
-from server_kit.onnx_convert import OnnxModule
-from server_kit.teachers import (
+from server_kit.teachers import loading as teachers_module
+from server_kit.teachers.loading import (
     Teacher,
     batchnorm_layers,
     classifier_weight,
@@ -26,6 +25,7 @@ from server_kit.teachers import (
     load_teachers,
     rebuild_teacher,
 )
+from server_kit.teachers.onnx_convert import OnnxModule
 from tests.export.test_onnx_check import external_weight, loop_in_front
 
 ARCH = "C8k3-P-C16k3-Pavg-F32-F10"
@@ -246,7 +246,7 @@ def test_unloadable_model_and_other_kinds(tmp_path: Path, bundle: Bundle) -> Non
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batch_statistics_gap_matches_autograd_through_mean_and_var(dtype: torch.dtype) -> None:
-    from server_kit.teachers import batch_statistics_gap
+    from server_kit.teachers.loading import batch_statistics_gap
 
     bn = nn.BatchNorm2d(5)
     bn.running_mean.uniform_(-1, 1, generator=torch.Generator().manual_seed(1))

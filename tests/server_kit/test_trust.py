@@ -1,4 +1,4 @@
-"""Verifying claimed label counts against the other claimants (server_kit.trust)."""
+"""Verifying claimed label counts against the other claimants (server_kit.labelling.trust)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
-from server_kit.inversion import SyntheticSet
-from server_kit.trust import verify_claims, verify_decoders
+from server_kit.labelling.trust import verify_claims, verify_decoders
+from server_kit.synthesis.inversion import SyntheticSet
 
 L = 4
 

@@ -1,0 +1,141 @@
+"""Multi-teacher distillation into the student (pFedZKD section 3.3.3, Algorithm 4).
+
+The soft targets come from :mod:`server_kit.labelling.labels` (how the teachers' votes are combined); the
+student
+minimises KL(targets || softmax(student / tau)) over the synthetic set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from common.checks import is_number
+from common.device import resolve_device
+from common.errors import ConfigError
+from common.loop import fit
+from common.seeding import seeded
+from edge_sdk.precision import autocast, resolve_precision
+from edge_sdk.train import kd_loss
+
+__all__ = ["DistillConfig", "distill", "random_shift"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistillConfig:
+    """Student training on (X, Y). ``tau`` is the distillation temperature (the paper uses 4)."""
+
+    epochs: int  # passes of the student over the synthetic set
+    batch_size: int = 64
+    lr: float = 1e-3  # Adam learning rate
+    tau: float = 4.0  # distillation temperature (the paper: 4)
+    hard_labels: bool = False  # the "w/o ZSKD" ablation: CE on class indices instead of KL on soft labels
+    weight_decay: float = 0.0  # Adam L2 penalty
+    # every batch shifted by up to this fraction of the image side (random per sample, zero padding): a
+    # synthetic set is small and made by optimisation, and a student that must match the label under
+    # small translations learns the object rather than the exact pixels the teachers were optimised on
+    shift: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("lr", "tau"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number, got {value!r}")
+        if not isinstance(self.weight_decay, int | float) or not self.weight_decay >= 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not isinstance(self.hard_labels, bool):
+            raise ConfigError(f"hard_labels must be a bool, got {self.hard_labels!r}")
+        if not is_number(self.shift) or not 0 <= self.shift < 0.5:
+            raise ConfigError(f"shift must be a fraction in [0, 0.5), got {self.shift!r}")
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def random_shift(x: Tensor, fraction: float, generator: torch.Generator) -> Tensor:
+    """Translate each image by a random whole number of pixels, up to ``fraction`` of its side, in each
+    direction; vacated pixels are 0. Offsets are drawn on the CPU from ``generator`` (device-independent)."""
+    n, _, h, w = x.shape
+    pad_h, pad_w = int(fraction * h), int(fraction * w)
+    if pad_h == 0 and pad_w == 0:
+        return x
+    dy = torch.randint(-pad_h, pad_h + 1, (n,), generator=generator).to(x.device)
+    dx = torch.randint(-pad_w, pad_w + 1, (n,), generator=generator).to(x.device)
+    padded = F.pad(x, (pad_w, pad_w, pad_h, pad_h))  # N x C x (H + 2p) x (W + 2p)
+    rows = (torch.arange(h, device=x.device).view(1, h) + pad_h - dy.view(n, 1)).view(n, 1, h, 1)
+    cols = (torch.arange(w, device=x.device).view(1, w) + pad_w - dx.view(n, 1)).view(n, 1, 1, w)
+    index_rows = rows.expand(n, x.shape[1], h, padded.shape[3])
+    picked = padded.gather(2, index_rows)  # N x C x H x (W + 2p)
+    return picked.gather(3, cols.expand(n, x.shape[1], h, w))
+
+
+def distill(
+    student: nn.Module,
+    x: Tensor,
+    targets: Tensor,
+    *,
+    config: DistillConfig,
+    seed: int,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+    precision: str = "auto",
+) -> list[float]:
+    """Train ``student`` in place on (x, targets); returns the mean loss of every epoch.
+
+    ``targets``: N x L soft labels (KL, tau-scaled) or, with ``config.hard_labels``, N int64 class
+    indices (cross entropy). Dropout and shuffling draw from ``seed`` inside a forked RNG scope, so the
+    same seed gives the same student and the caller's global RNG state is untouched. The student is
+    left in eval mode, its convolution weights channels-last (oneDNN's fast layout on CPU; same values).
+    Forward passes run at ``precision`` (:mod:`edge_sdk.precision`); the loss and Adam in float32.
+    """
+    n = x.shape[0]
+    if n < 2:
+        raise ConfigError(f"distillation needs at least 2 samples, got {n}")
+    if targets.shape[0] != n:
+        raise ConfigError(f"x has {n} samples but targets {targets.shape[0]}")
+    if config.hard_labels and (targets.ndim != 1 or targets.dtype != torch.int64):
+        raise ConfigError("hard_labels=True needs int64 class indices of shape N")
+    if not config.hard_labels and (targets.ndim != 2 or not targets.is_floating_point()):
+        raise ConfigError(
+            "soft distillation needs float N x L targets (use hard_labels=True for class indices)"
+        )
+    dev = resolve_device(device)
+    precision = resolve_precision(precision, dev)
+    student.to(dev, memory_format=torch.channels_last).train()
+    optimizer = torch.optim.Adam(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    gen = torch.Generator().manual_seed(seed)  # batch order, then each batch's shifts
+    x_dev, y_dev = x.to(dev), targets.to(dev)  # preloaded once; batches are index gathers
+
+    def batch_loss(idx: Tensor) -> Tensor:
+        xb = x_dev[idx]
+        if config.shift > 0:
+            xb = random_shift(xb, config.shift, gen)
+        with autocast(precision, dev):
+            logits = student(xb).float()  # B x L
+        if config.hard_labels:
+            return F.cross_entropy(logits, y_dev[idx])
+        return kd_loss(logits, y_dev[idx], config.tau)
+
+    with seeded(seed, dev):  # the Dropout stream
+        history = fit(
+            batch_loss,
+            optimizer,
+            n=n,
+            batch_size=config.batch_size,
+            epochs=config.epochs,
+            generator=gen,
+            device=dev,
+            lone_last="drop",  # BatchNorm cannot train on a batch of one
+            desc="distill",
+            progress=progress,
+        )
+    student.eval()
+    return history
