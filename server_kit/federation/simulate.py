@@ -92,6 +92,7 @@ from server_kit.report import write_report
 from server_kit.training import FusionConfig
 
 __all__ = [
+    "DEFAULT_FLEET",
     "RESUME_MODES",
     "ClientPlan",
     "SimulateConfig",
@@ -111,6 +112,8 @@ log = logging.getLogger(__name__)  # the resume decisions, before the bar; throu
 
 MAX_CLIENTS = 100_000  # clients of one simulated federation (and worker processes)
 MAX_SIMULATE_SEED = 2**62  # client k runs with seed + k: the sum stays a 64-bit seed
+# the default fleet, assigned round-robin (SimulateConfig says why these)
+DEFAULT_FLEET = ("laptop-cpu", "jetson-nano-4gb", "android-midrange", "raspberry-pi-4-4gb", "wearable")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +121,15 @@ class SimulateConfig:
     """A simulated federation. Client ``k`` gets profile ``profiles[k % len(profiles)]`` unless
     ``profile_map`` (a TOML file: ``default = "name"`` and a ``[clients]`` table ``3 = "name"``) says
     otherwise.
+
+    The default fleet (:data:`DEFAULT_FLEET`) is the model-heterogeneous federation the toolkit is for:
+    classifier devices whose budgets span an order of magnitude (a laptop, a Jetson Nano, a mid-range
+    phone, a Raspberry Pi 4: each searches under its own budget) and a CVAE-only wearable
+    (FedMHO's constrained device, uploading a decoder alone), so ten clients are two of each. A fleet
+    of one profile gives every client the same budget and role, and never exercises what the server
+    does with teachers of different sizes and with devices that send a decoder alone. The other
+    shipped profiles (the Jetson Orin, the low-end phone, the Pi Zero) lie beyond the ends of this
+    range and are one ``profiles`` away.
     """
 
     # the dataset to partition: mnist, fashionmnist, cifar10, svhn, digits, or folder (your own images)
@@ -131,7 +143,7 @@ class SimulateConfig:
     alpha: float = 0.5  # Dirichlet concentration of the label skew
     seed: int = 0  # seed of the partition, the clients (seed + k) and the server
     out_dir: Path
-    profiles: tuple[str, ...] = ("laptop-cpu",)  # device profiles, assigned round-robin
+    profiles: tuple[str, ...] = DEFAULT_FLEET  # device profiles, assigned round-robin
     # a TOML file of profiles per client: default = 'name' and a [clients] table of index = 'name'
     profile_map: Path | None = None
     search: SearchConfig = field(default_factory=PSOConfig)

@@ -10,8 +10,10 @@ import pytest
 from common.errors import ConfigError
 from edge_sdk.client import CODE_VERSION
 from edge_sdk.data import client_name
+from edge_sdk.roles import resolve_role
 from export.bundle import read_bundle
 from export.onnx_export import read_deploy
+from profiles import load_profile
 from server_kit.cli import main
 from server_kit.federation.resume import client_verdict as _client_verdict
 from server_kit.federation.resume import prepare_server as _prepare_server
@@ -179,6 +181,18 @@ def test_profile_assignment(tmp_path):
     mapping.write_text('[clients]\n7 = "laptop-cpu"\n')
     with pytest.raises(ConfigError, match="index"):
         assign_profiles(3, ("laptop-cpu",), mapping)
+
+
+def test_the_default_fleet_mixes_budgets_and_roles():
+    """#31: ten laptops bundled the same CNN; the default fleet mixes classifier devices of budgets an
+    order of magnitude apart with CVAE-only devices, as `--role auto` resolves them on MNIST's shape."""
+    config = SimulateConfig(dataset="digits", out_dir="o")
+    names = assign_profiles(10, config.profiles, None)
+    fleet = [load_profile(name) for name in sorted(set(names))]
+    roles = {p.name: resolve_role("auto", p, (1, 28, 28), 10, config.search, config.cvae) for p in fleet}
+    budgets = [p.max_flops for p in fleet if roles[p.name] != "cvae"]
+    assert len(fleet) >= 4 and "cvae" in roles.values() and max(budgets) >= 10 * min(budgets)
+    assert sorted(names.count(p.name) for p in fleet) == [2] * len(fleet)  # ten clients, evenly
 
 
 def test_worker_processes_train_the_same_clients(federation, tmp_path):
