@@ -117,9 +117,17 @@ def quantize_int8(
     if scheme not in SCHEMES:
         raise ExportError(f"scheme must be one of {sorted(SCHEMES)}, got {scheme!r}; fix: pick one of them")
     if min_agreement is not None and not (isinstance(min_agreement, float) and 0.0 < min_agreement <= 1.0):
-        raise ExportError(f"min_agreement must be a float in (0, 1] or None, got {min_agreement!r}")
+        raise ExportError(
+            f"min_agreement must be a float in (0, 1] or None, got {min_agreement!r}; "
+            "fix: pass a share such as 0.99, or None to quantize without the check"
+        )
     x = _images(calibration, "calibration")
     check = x if check is None else _images(check, "check")
+    if check.shape[1:] != x.shape[1:]:
+        raise ExportError(
+            f"check images must be N x {' x '.join(map(str, x.shape[1:]))} like the calibration images, "
+            f"got {check.shape}; fix: pass images of the model's input shape"
+        )
     with tempfile.TemporaryDirectory(prefix="quantize-") as tmp:
         src, pre = Path(tmp, "fp32.onnx"), Path(tmp, "pre.onnx")
         src.write_bytes(model_bytes)

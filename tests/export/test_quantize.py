@@ -129,5 +129,7 @@ def test_min_agreement_is_checked_and_none_skips_the_check(trained) -> None:
     for bad in (0.0, 1.5, 1, "0.99"):
         with pytest.raises(ExportError, match="min_agreement must be"):
             quantize_int8(fp32, calib, min_agreement=bad)  # type: ignore[arg-type]
+    with pytest.raises(ExportError, match="check images must be"):
+        quantize_int8(fp32, calib, check=calib[:, :, :4])
     meta = json.loads(read_metadata(quantize_int8(fp32, calib, min_agreement=None))[QUANTIZATION_KEY])
     assert "float_nodes" not in meta and meta["scheme"] == DEFAULT_SCHEME
