@@ -39,7 +39,7 @@ from export.atomic import atomic_write_bytes
 from export.bundle import read_bundle
 from export.metadata import DEPLOY_KEYS, DeployMetadata, check_metadata_props, read_deploy_metadata
 from export.onnx_check import check_classifier_onnx
-from export.onnx_export import onnx_session
+from export.onnx_export import onnx_logits
 from export.onnx_parse import DEFAULT_LIMITS, parse_onnx
 from export.quantize import quantize_int8
 
@@ -292,7 +292,7 @@ def _compare(
     accuracy bound is the caller's: its own test data)."""
     if target.run is None:
         return None, None
-    want = _onnx_logits(src.fp32, images)
+    want = onnx_logits(src.fp32, images)
     got = target.run(files, images)
     if got.shape != want.shape:
         raise ExportError(
@@ -310,14 +310,6 @@ def _compare(
     return agreement, diff
 
 
-def _onnx_logits(model: bytes, images: np.ndarray) -> np.ndarray:
-    session = onnx_session(model)
-    name = session.get_inputs()[0].name
-    return np.concatenate(
-        [session.run(None, {name: images[i : i + 256]})[0] for i in range(0, len(images), 256)]
-    )
-
-
 # ------------------------------------------------------------------------------------------ onnx, ort
 
 
@@ -326,7 +318,7 @@ def _onnx_files(src: Source) -> Files:
 
 
 def _run_onnx(files: Files, images: np.ndarray) -> np.ndarray:
-    return _onnx_logits(files[""], images)
+    return onnx_logits(files[""], images)
 
 
 def _ort_files(src: Source) -> Files:
@@ -378,7 +370,7 @@ def _check_kept_metadata(want: dict[str, str], got: dict[str, str], what: str) -
 
 
 def _run_ort(files: Files, images: np.ndarray) -> np.ndarray:
-    return _onnx_logits(files[""], images)
+    return onnx_logits(files[""], images)
 
 
 # ------------------------------------------------------------------------------------------ torch-based

@@ -58,7 +58,7 @@ from edge_sdk.train import evaluate, kd_loss_logits, to_float
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle
 from export.onnx_check import check_classifier_onnx, check_decoder_onnx
-from export.onnx_export import INPUT_NAME, export_onnx, onnx_session
+from export.onnx_export import export_onnx, onnx_logits, onnx_session
 from export.package import Package
 from export.quantize import latency_ms, quantize_int8
 from export.weights import initializer_state_dict
@@ -425,17 +425,11 @@ def _fit(
 
 
 def _onnx_accuracy(model_bytes: bytes, data: ArrayDataset, batch_size: int = 512) -> float:
-    session = onnx_session(model_bytes, threads=max(1, torch.get_num_threads()))
-    x = to_float(data.x).numpy()
-    y = data.y.numpy()
-    hits = 0
-    for i in range(0, len(x), batch_size):
-        hits += int(
-            (
-                session.run(None, {INPUT_NAME: x[i : i + batch_size]})[0].argmax(1) == y[i : i + batch_size]
-            ).sum()
-        )
-    return hits / max(len(y), 1)
+    if len(data.y) == 0:
+        return 0.0
+    threads = max(1, torch.get_num_threads())
+    logits = onnx_logits(model_bytes, to_float(data.x).numpy(), batch_size=batch_size, threads=threads)
+    return int((logits.argmax(1) == data.y.numpy()).sum()) / len(data.y)
 
 
 def _check_inputs(data: ArrayDataset, bundle: Bundle, package: Package) -> tuple[tuple[int, ...], int]:

@@ -48,6 +48,7 @@ __all__ = [
     "check_parity",
     "export_decoder_onnx",
     "export_onnx",
+    "onnx_logits",
     "onnx_session",
     "read_deploy",
     "read_metadata",
@@ -417,6 +418,16 @@ def onnx_session(model_bytes: bytes, *, threads: int = 1) -> onnxruntime.Inferen
         raise ExportError(
             f"onnxruntime cannot load the model: {err}; fix: re-export it with export_onnx"
         ) from err
+
+
+def onnx_logits(
+    model_bytes: bytes, images: np.ndarray, *, batch_size: int = 256, threads: int = 1
+) -> np.ndarray:
+    """The model's outputs on ``images`` (float32 N x C x H x W), run in batches of ``batch_size``."""
+    session = onnx_session(model_bytes, threads=threads)
+    name = session.get_inputs()[0].name
+    batches = range(0, len(images), batch_size)
+    return np.concatenate([session.run(None, {name: images[i : i + batch_size]})[0] for i in batches])
 
 
 def _parse(model_bytes: bytes) -> onnx.ModelProto:

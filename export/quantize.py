@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import ExportError
-from export.onnx_export import INPUT_NAME, onnx_session, read_metadata, validate_onnx
+from export.onnx_export import INPUT_NAME, onnx_logits, onnx_session, read_metadata, validate_onnx
 
 __all__ = [
     "DEFAULT_MIN_AGREEMENT",
@@ -260,10 +260,7 @@ def _needed(target: float, n: int) -> float:
 
 
 def _predict(model_bytes: bytes, x: np.ndarray) -> np.ndarray:
-    session = onnx_session(model_bytes, threads=1)
-    return np.concatenate(
-        [session.run(None, {INPUT_NAME: x[i : i + 256]})[0].argmax(1) for i in range(0, len(x), 256)]
-    )
+    return onnx_logits(model_bytes, x).argmax(1)
 
 
 def _agree(model_bytes: bytes, x: np.ndarray, ref: np.ndarray) -> float:
