@@ -48,18 +48,21 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from common.checks import check_int, from_preset
 from common.device import resolve_device
-from common.errors import ConfigError, DataError, SpecError
+from common.errors import BudgetError, ConfigError, DataError, SpecError
 from common.loop import fit_terms
 from common.seeding import seeded
 from edge_sdk.data import ArrayDataset
-from edge_sdk.profiling import ModelProfile, profile_model
+from edge_sdk.profiling import ModelProfile, fits, profile_model
 from edge_sdk.train import to_float
 from export.wire import MAX_LATENT_DIM  # the bundle's bound: a decoder trained here is always shippable
+from profiles import DeviceProfile
 
 __all__ = [
     "CVAE",
     "HIDDEN_UNITS",
+    "MAX_WIDTH",
     "MODELS",
+    "WIDTHS",
     "CVAEConfig",
     "CVAEProfile",
     "ClassPrior",
@@ -70,6 +73,7 @@ __all__ = [
     "cvae_loss",
     "evaluate_cvae",
     "fit_class_prior",
+    "fit_width",
     "modeled_label_counts",
     "parse_cvae_arch",
     "profile_cvae",
@@ -78,9 +82,14 @@ __all__ = [
 
 CVAEModel = Literal["cvae-small", "cvae-large"]
 MODELS: tuple[str, ...] = get_args(CVAEModel)
-HIDDEN_UNITS = 256  # both reference CVAEs
+HIDDEN_UNITS = 256  # both reference CVAEs: the width of their dense hidden layer
+# the widths a device steps down through, widest first, when the reference's does not fit its budget: on
+# 32x32x3 images the MLP's first layer is 3,072 inputs wide, four times 28x28x1's
+WIDTHS: tuple[int, ...] = (HIDDEN_UNITS, 128, 64, 32, 16)
+MAX_WIDTH = 4096  # a decoder bundle's width is bounded before any layer is allocated
 CLASS_PRIOR_SUFFIX = "-classprior"
-_ARCH_RE = re.compile(r"^(cvae-small|cvae-large)-z([1-9][0-9]{0,8})(-classprior)?$")  # 9 digits at most
+# e.g. cvae-small-z20, cvae-small-w64-z20-classprior (no -w: the reference's 256); 4 / 9 digits at most
+_ARCH_RE = re.compile(r"^(cvae-small|cvae-large)(?:-w([1-9][0-9]{0,3}))?-z([1-9][0-9]{0,8})(-classprior)?$")
 
 # Per-dataset settings. From the paper (Table 3 / section 5.1.4): batch 64, Adam, and the CVAE learning rate
 # and local epochs of MNIST (5e-2, 30), Fashion (5e-2, 40), SVHN (1e-3, 40), EMNIST (3e-3, 50). cifar10 is
@@ -120,6 +129,9 @@ class CVAEConfig:
             one. The architecture's name then ends in -classprior. On in simulate's fedmho method, where
             decoder samples are all the global model trains on; off by default, where they are one
             source among three.
+        width: units of the dense hidden layer of the encoder and of the decoder; None: the reference's
+            256 where the whole CVAE fits the device's budget, else the widest of :data:`WIDTHS` that does
+            (:func:`fit_width`). The architecture's name then says it (``cvae-small-w64-z20``).
     """
 
     model: CVAEModel = "cvae-small"
@@ -129,11 +141,14 @@ class CVAEConfig:
     batch_size: int = 64
     kl_weight: float = 1.0
     class_prior: bool = False
+    width: int | None = None
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ConfigError(f"model must be one of {MODELS}, got {self.model!r}")
         check_int("latent_dim", self.latent_dim, 1, MAX_LATENT_DIM)
+        if self.width is not None:
+            check_int("width", self.width, 1, MAX_WIDTH)
         check_int("epochs", self.epochs, 0, None)
         check_int("batch_size", self.batch_size, 1, None)
         if (
@@ -158,40 +173,51 @@ class CVAEConfig:
         return from_preset(cls, _PRESETS, name, "CVAE", **overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields; ``kl_weight`` only when it is not 1 and ``class_prior`` only when on, so reports
-        written before they existed still match their settings on resume."""
+        """The fields; ``kl_weight`` only when it is not 1, ``class_prior`` only when on and ``width`` only
+        when given, so reports written before they existed still match their settings on resume."""
         out = dataclasses.asdict(self)
         if out["kl_weight"] == 1.0:
             del out["kl_weight"]
         if not out["class_prior"]:
             del out["class_prior"]
+        if out["width"] is None:
+            del out["width"]
         return out
 
     @property
     def arch(self) -> str:
-        return cvae_arch(self.model, self.latent_dim, class_prior=self.class_prior)
+        """The architecture's name; at ``width`` None, the reference's (:func:`fit_width` tries it first)."""
+        width = HIDDEN_UNITS if self.width is None else self.width
+        return cvae_arch(self.model, self.latent_dim, width=width, class_prior=self.class_prior)
 
 
-def cvae_arch(model: str, latent_dim: int, *, class_prior: bool = False) -> str:
-    """The arch string a decoder bundle carries, e.g. ``cvae-small-z2`` or ``cvae-small-z20-classprior``."""
+def cvae_arch(model: str, latent_dim: int, *, width: int = HIDDEN_UNITS, class_prior: bool = False) -> str:
+    """The arch string a decoder bundle carries, e.g. ``cvae-small-z2``, ``cvae-small-w64-z20`` or
+    ``cvae-small-z20-classprior`` (the width is written only when it is not the reference's)."""
     if model not in MODELS:
         raise SpecError(f"unknown CVAE model {model!r}; expected one of {MODELS}")
-    return f"{model}-z{int(latent_dim)}{CLASS_PRIOR_SUFFIX if class_prior else ''}"
+    wide = "" if int(width) == HIDDEN_UNITS else f"-w{int(width)}"
+    return f"{model}{wide}-z{int(latent_dim)}{CLASS_PRIOR_SUFFIX if class_prior else ''}"
 
 
 def parse_cvae_arch(arch: str) -> tuple[str, int]:
-    """``"cvae-small-z2"`` -> ``("cvae-small", 2)``; :func:`build_cvae` reads the ``-classprior`` suffix."""
+    """``"cvae-small-z2"`` -> ``("cvae-small", 2)``; :func:`build_cvae` reads the width and the
+    ``-classprior`` suffix."""
     return _parse_arch(arch)[:2]
 
 
-def _parse_arch(arch: str) -> tuple[str, int, bool]:
+def _parse_arch(arch: str) -> tuple[str, int, int, bool]:
+    """(model, latent_dim, width, class prior) of an arch string, each bounded before anything is built."""
     match = _ARCH_RE.match(str(arch).strip())
     if match is None:
         raise SpecError(
-            f"not a CVAE arch string: {arch!r}; expected e.g. 'cvae-small-z2', 'cvae-large-z20' or "
-            "'cvae-small-z20-classprior'"
+            f"not a CVAE arch string: {arch!r}; expected e.g. 'cvae-small-z2', 'cvae-large-z20', "
+            "'cvae-small-w64-z20' or 'cvae-small-z20-classprior'"
         )
-    return match.group(1), int(match.group(2)), match.group(3) is not None
+    width = HIDDEN_UNITS if match.group(2) is None else int(match.group(2))
+    if width > MAX_WIDTH:
+        raise SpecError(f"CVAE width must be at most {MAX_WIDTH}, got {width} in {arch!r}")
+    return match.group(1), int(match.group(3)), width, match.group(4) is not None
 
 
 # ------------------------------------------------------------------------------------------------ models
@@ -249,29 +275,34 @@ class Decoder(nn.Module):
 
 
 class _MLPEncoder(nn.Module):
-    def __init__(self, pixels: int, num_classes: int, latent_dim: int) -> None:
+    def __init__(self, pixels: int, num_classes: int, latent_dim: int, width: int) -> None:
         super().__init__()
-        self.hidden = nn.Linear(pixels + num_classes, HIDDEN_UNITS)
-        self.mean = nn.Linear(HIDDEN_UNITS, latent_dim)
-        self.logvar = nn.Linear(HIDDEN_UNITS, latent_dim)
+        self.hidden = nn.Linear(pixels + num_classes, width)
+        self.mean = nn.Linear(width, latent_dim)
+        self.logvar = nn.Linear(width, latent_dim)
 
     def forward(self, x: Tensor, y_onehot: Tensor) -> tuple[Tensor, Tensor]:
-        h = F.relu(self.hidden(torch.cat((torch.flatten(x, 1), y_onehot), dim=1)))  # N x 256
+        h = F.relu(self.hidden(torch.cat((torch.flatten(x, 1), y_onehot), dim=1)))  # N x width
         return self.mean(h), self.logvar(h)
 
 
 class _MLPDecoder(Decoder):
     def __init__(
-        self, output_shape: tuple[int, int, int], num_classes: int, latent_dim: int, class_prior: bool
+        self,
+        output_shape: tuple[int, int, int],
+        num_classes: int,
+        latent_dim: int,
+        class_prior: bool,
+        width: int,
     ) -> None:
         super().__init__()
         self.latent_dim, self.num_classes, self.output_shape = latent_dim, num_classes, output_shape
         self.prior = ClassPrior(num_classes, latent_dim) if class_prior else None
-        self.hidden = nn.Linear(latent_dim + num_classes, HIDDEN_UNITS)
-        self.out = nn.Linear(HIDDEN_UNITS, math.prod(output_shape))
+        self.hidden = nn.Linear(latent_dim + num_classes, width)
+        self.out = nn.Linear(width, math.prod(output_shape))
 
     def logits(self, z: Tensor, y_onehot: Tensor) -> Tensor:
-        h = F.relu(self.hidden(torch.cat((z, y_onehot), dim=1)))  # N x 256
+        h = F.relu(self.hidden(torch.cat((z, y_onehot), dim=1)))  # N x width
         return self.out(h).reshape(-1, *self.output_shape)  # N x C x H x W (one constant ONNX Reshape)
 
 
@@ -285,7 +316,9 @@ def _large_grid(input_shape: tuple[int, int, int]) -> tuple[int, int]:
 
 
 class _ConvEncoder(nn.Module):
-    def __init__(self, input_shape: tuple[int, int, int], num_classes: int, latent_dim: int) -> None:
+    def __init__(
+        self, input_shape: tuple[int, int, int], num_classes: int, latent_dim: int, width: int
+    ) -> None:
         super().__init__()
         gh, gw = _large_grid(input_shape)
         self.features = nn.Sequential(
@@ -298,20 +331,25 @@ class _ConvEncoder(nn.Module):
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
             nn.Flatten(),
-            nn.Linear(256 * gh * gw, HIDDEN_UNITS),
+            nn.Linear(256 * gh * gw, width),
             nn.ReLU(inplace=True),
         )
-        self.mean = nn.Linear(HIDDEN_UNITS + num_classes, latent_dim)
-        self.logvar = nn.Linear(HIDDEN_UNITS + num_classes, latent_dim)
+        self.mean = nn.Linear(width + num_classes, latent_dim)
+        self.logvar = nn.Linear(width + num_classes, latent_dim)
 
     def forward(self, x: Tensor, y_onehot: Tensor) -> tuple[Tensor, Tensor]:
-        h = torch.cat((self.features(x), y_onehot), dim=1)  # N x (256 + K)
+        h = torch.cat((self.features(x), y_onehot), dim=1)  # N x (width + K)
         return self.mean(h), self.logvar(h)
 
 
 class _ConvDecoder(Decoder):
     def __init__(
-        self, output_shape: tuple[int, int, int], num_classes: int, latent_dim: int, class_prior: bool
+        self,
+        output_shape: tuple[int, int, int],
+        num_classes: int,
+        latent_dim: int,
+        class_prior: bool,
+        width: int,
     ) -> None:
         super().__init__()
         self.latent_dim, self.num_classes, self.output_shape = latent_dim, num_classes, output_shape
@@ -319,9 +357,9 @@ class _ConvDecoder(Decoder):
         c, h, w = output_shape
         gh, gw = _large_grid(output_shape)
         self.hidden = nn.Sequential(
-            nn.Linear(latent_dim + num_classes, HIDDEN_UNITS),
+            nn.Linear(latent_dim + num_classes, width),
             nn.ReLU(inplace=True),
-            nn.Linear(HIDDEN_UNITS, 256 * gh * gw),
+            nn.Linear(width, 256 * gh * gw),
             nn.ReLU(inplace=True),
         )
         self.grid = (256, gh, gw)
@@ -356,6 +394,7 @@ class CVAE(nn.Module):
         latent_dim: int,
         *,
         class_prior: bool = False,
+        width: int = HIDDEN_UNITS,
     ) -> None:
         super().__init__()
         if model not in MODELS:
@@ -371,16 +410,19 @@ class CVAE(nn.Module):
             or not 1 <= latent_dim <= MAX_LATENT_DIM
         ):
             raise SpecError(f"latent_dim must be an int in [1, {MAX_LATENT_DIM}], got {latent_dim!r}")
+        if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
+            raise SpecError(f"width must be an int in [1, {MAX_WIDTH}], got {width!r}")
         self.model, self.input_shape = model, shape
-        self.num_classes, self.latent_dim = num_classes, latent_dim
+        self.num_classes, self.latent_dim, self.width = num_classes, latent_dim, width
         self.encoder: nn.Module
         self.decoder: Decoder
+        prior = bool(class_prior)
         if model == "cvae-small":
-            self.encoder = _MLPEncoder(math.prod(shape), num_classes, latent_dim)
-            self.decoder = _MLPDecoder(shape, num_classes, latent_dim, bool(class_prior))  # type: ignore[arg-type]
+            self.encoder = _MLPEncoder(math.prod(shape), num_classes, latent_dim, width)
+            self.decoder = _MLPDecoder(shape, num_classes, latent_dim, prior, width)  # type: ignore[arg-type]
         else:
-            self.encoder = _ConvEncoder(shape, num_classes, latent_dim)  # type: ignore[arg-type]
-            self.decoder = _ConvDecoder(shape, num_classes, latent_dim, bool(class_prior))  # type: ignore[arg-type]
+            self.encoder = _ConvEncoder(shape, num_classes, latent_dim, width)  # type: ignore[arg-type]
+            self.decoder = _ConvDecoder(shape, num_classes, latent_dim, prior, width)  # type: ignore[arg-type]
 
     @property
     def class_prior(self) -> bool:
@@ -388,7 +430,7 @@ class CVAE(nn.Module):
 
     @property
     def arch(self) -> str:
-        return cvae_arch(self.model, self.latent_dim, class_prior=self.class_prior)
+        return cvae_arch(self.model, self.latent_dim, width=self.width, class_prior=self.class_prior)
 
     def forward(
         self, x: Tensor, y_onehot: Tensor, eps: Tensor | None = None
@@ -407,17 +449,19 @@ def build_cvae(
     latent_dim: int | None = None,
     *,
     class_prior: bool = False,
+    width: int = HIDDEN_UNITS,
 ) -> CVAE:
     """Build a CVAE by model name (``latent_dim`` required) or by arch string (``cvae-small-z2``,
-    ``cvae-small-z20-classprior``: the arch string then says whether it has a class prior)."""
+    ``cvae-small-w64-z20-classprior``: the arch string then says its width and whether it has a class
+    prior)."""
     if model not in MODELS:
-        name, from_arch, prior = _parse_arch(model)
+        name, from_arch, width, prior = _parse_arch(model)
         if latent_dim is not None and latent_dim != from_arch:
             raise SpecError(f"arch {model!r} says latent_dim {from_arch}, got latent_dim={latent_dim}")
         model, latent_dim, class_prior = name, from_arch, prior
     if latent_dim is None:
         raise SpecError(f"latent_dim is required to build {model!r} by model name")
-    return CVAE(model, input_shape, num_classes, latent_dim, class_prior=class_prior)
+    return CVAE(model, input_shape, num_classes, latent_dim, class_prior=class_prior, width=width)
 
 
 @torch.no_grad()
@@ -537,6 +581,29 @@ def profile_cvae(model: CVAE, *, batch_size: int = 64, optimizer: str = "adam") 
         model=whole,
         decoder_flops=int(counter.get_total_flops()),
         decoder_params=sum(p.numel() for p in decoder.parameters()),
+    )
+
+
+def fit_width(
+    config: CVAEConfig, profile: DeviceProfile, input_shape: tuple[int, int, int], num_classes: int
+) -> CVAEConfig:
+    """``config`` with its width decided for ``profile``: a given width as it is (the training refuses it
+    if it does not fit), else the widest of :data:`WIDTHS` whose whole CVAE fits (FLOPs, parameters,
+    training memory at ``config.batch_size``). Raises ``BudgetError`` naming the narrowest one's excess
+    when none does."""
+    if config.width is not None:
+        return config
+    problem = None
+    for width in WIDTHS:
+        candidate = dataclasses.replace(config, width=width)
+        with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
+            probe = build_cvae(candidate.arch, input_shape, num_classes)
+        problem = fits(profile_cvae(probe, batch_size=config.batch_size).model, profile)
+        if problem is None:
+            return candidate
+    raise BudgetError(
+        f"no CVAE width of {list(WIDTHS)} fits the device: at {WIDTHS[-1]}, {problem}; fix: a smaller "
+        "--cvae-latent-dim, --cvae-model cvae-small or a larger profile"
     )
 
 

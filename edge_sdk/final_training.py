@@ -15,7 +15,7 @@ from common.errors import BudgetError, ConfigError
 from common.seeding import seeded
 from edge_sdk.arch import ArchSpec, build_model, parse_arch
 from edge_sdk.artifacts import TrainedCVAE, TrainedModel
-from edge_sdk.cvae import CVAEConfig, build_cvae, evaluate_cvae, profile_cvae, train_cvae
+from edge_sdk.cvae import CVAEConfig, build_cvae, evaluate_cvae, fit_width, profile_cvae, train_cvae
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.train import TrainConfig, evaluate, make_optimizer, to_float, train
@@ -227,15 +227,17 @@ def train_cvae_final(
     progress: bool = False,
 ) -> TrainedCVAE:
     """Check the whole CVAE against the budget (FLOPs and parameters of encoder + decoder, training
-    memory), then train it and measure its loss on the validation split."""
+    memory) at its width (:func:`edge_sdk.cvae.fit_width`: the widest that fits, unless one is given),
+    then train it and measure its loss on the validation split."""
+    config = fit_width(config, profile, train_split.input_shape, train_split.num_classes)
     with seeded(seed):
         probe = build_cvae(config.arch, train_split.input_shape, train_split.num_classes)
     cost = profile_cvae(probe, batch_size=config.batch_size)
     problem = fits(cost.model, profile)
     if problem is not None:
         raise BudgetError(
-            f"{config.arch} does not fit the device: {problem}; fix: a smaller --cvae-latent-dim or "
-            "--cvae-model cvae-small"
+            f"{config.arch} does not fit the device: {problem}; fix: a smaller --cvae-width, "
+            "--cvae-latent-dim or --cvae-model cvae-small"
         )
     dev = resolve_device(device)
     start = time.perf_counter()
@@ -245,6 +247,7 @@ def train_cvae_final(
     metrics = {
         "model": config.model,
         "latent_dim": config.latent_dim,
+        "width": model.width,
         "epochs": config.epochs,
         "lr": float(config.lr),
         "batch_size": config.batch_size,

@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from common.seeding import seeded
 from edge_sdk.arch import analytic_cost, parse_arch, with_num_classes
-from edge_sdk.cvae import CVAEConfig, build_cvae, profile_cvae
+from edge_sdk.cvae import CVAEConfig, build_cvae, fit_width, profile_cvae
 from edge_sdk.profiling import TRAIN_FLOP_FACTOR
 from edge_sdk.strategies.base import SearchConfig
 from profiles import DeviceProfile
@@ -43,9 +44,14 @@ def _pass_flops(flops: int, epochs: int, trained: int, validated: int) -> int:
     return int(flops * epochs * (TRAIN_FLOP_FACTOR * trained + validated))
 
 
-def _cvae_flops(config: CVAEConfig, input_shape: tuple[int, int, int], num_classes: int) -> int:
-    """Training forward FLOPs per image of the whole CVAE (encoder and decoder)."""
-    return int(profile_cvae(build_cvae(config.arch, input_shape, num_classes)).model.flops)
+def _cvae_flops(
+    config: CVAEConfig, profile: DeviceProfile, input_shape: tuple[int, int, int], num_classes: int
+) -> int:
+    """Training forward FLOPs per image of the whole CVAE (encoder and decoder) at the width the device
+    will train (:func:`edge_sdk.cvae.fit_width`)."""
+    config = fit_width(config, profile, input_shape, num_classes)
+    with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
+        return int(profile_cvae(build_cvae(config.arch, input_shape, num_classes)).model.flops)
 
 
 def plan_flops(
@@ -74,7 +80,7 @@ def plan_flops(
         validated = n_val if search.plateau() is not None else n_val / max(epochs, 1)
         plan["final_training"] = _pass_flops(flops, epochs, n_train, int(validated))
     if cvae is not None:
-        flops = _cvae_flops(cvae, input_shape, num_classes)
+        flops = _cvae_flops(cvae, profile, input_shape, num_classes)
         plan["cvae"] = _pass_flops(flops, cvae.epochs, n_train, 0) + flops * n_val
     plan["total"] = plan["search"] + plan["final_training"] + plan["cvae"]
     plan["gflops"] = float(profile.gflops)

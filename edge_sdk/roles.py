@@ -76,7 +76,9 @@ def _classifier_fits(
 def _cvae_fits(
     profile: DeviceProfile, input_shape: tuple[int, int, int], num_classes: int, config: CVAEConfig
 ) -> str | None:
-    """None when the whole CVAE (encoder + decoder, training memory) fits the profile, else why."""
+    """None when the whole CVAE (encoder + decoder, training memory) fits the profile, else why. At the
+    config's width: a classifier device adds a decoder only at the reference's width (None), never at
+    one narrowed to fit (:func:`edge_sdk.cvae.fit_width` narrows a CVAE-only device's)."""
     with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
         probe = build_cvae(config.arch, input_shape, num_classes)
     return fits(profile_cvae(probe, batch_size=config.batch_size).model, profile)

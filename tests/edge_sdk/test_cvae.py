@@ -22,6 +22,7 @@ from edge_sdk.cvae import (
     cvae_loss,
     evaluate_cvae,
     fit_class_prior,
+    fit_width,
     modeled_label_counts,
     parse_cvae_arch,
     profile_cvae,
@@ -41,6 +42,7 @@ from export.onnx_export import (
 )
 from export.weights import initializer_state_dict
 from profiles import DeviceProfile, load_profile
+from server_kit.synthesis.decoders import load_decoder
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +140,42 @@ def test_arch_strings() -> None:
     assert CVAEConfig(class_prior=True).to_dict()["class_prior"] is True
     with pytest.raises(ConfigError, match="class_prior"):
         CVAEConfig(class_prior=1)  # type: ignore[arg-type]
+    # the width: written only when it is not the reference's 256, bounded before any layer is built
+    narrow = build_cvae("cvae-small-w64-z20-classprior", (3, 32, 32), 10)
+    assert narrow.width == 64 and narrow.decoder.hidden.out_features == 64 and narrow.class_prior
+    assert narrow.arch == "cvae-small-w64-z20-classprior" and parse_cvae_arch(narrow.arch) == (
+        "cvae-small",
+        20,
+    )
+    assert build_cvae("cvae-large-w32-z4", (1, 8, 8), 10).encoder.mean.in_features == 32 + 10
+    assert (
+        CVAEConfig(width=64).arch == "cvae-small-w64-z20" and CVAEConfig(width=256).arch == "cvae-small-z20"
+    )
+    assert "width" not in CVAEConfig().to_dict() and CVAEConfig(width=64).to_dict()["width"] == 64
+    with pytest.raises(SpecError, match="width must be at most 4096"):
+        build_cvae("cvae-small-w5000-z2", (1, 8, 8), 10)
+    for bad in ("cvae-small-w0-z2", "cvae-small-w12345-z2", "cvae-small-z2-w64"):
+        with pytest.raises(SpecError, match="not a CVAE arch"):
+            parse_cvae_arch(bad)
+    for width in (0, 4097, True, 2.0):
+        with pytest.raises(ConfigError, match="width"):
+            CVAEConfig(width=width)  # type: ignore[arg-type]
+
+
+def test_fit_width_narrows_only_where_the_reference_does_not_fit() -> None:
+    """32x32x3 makes the MLP's first layer four times 28x28x1's: the wearable's 500 k parameters hold the
+    reference's width on MNIST and 64 on CIFAR-10's shape; a classifier device never adds a narrowed one."""
+    wearable, pi4 = load_profile("wearable"), load_profile("raspberry-pi-4-4gb")
+    assert fit_width(CVAEConfig(), wearable, (1, 28, 28), 10).width == 256
+    assert fit_width(CVAEConfig(), wearable, (3, 32, 32), 10).width == 64
+    assert fit_width(CVAEConfig(width=256), wearable, (3, 32, 32), 10).width == 256  # given: kept
+    state = torch.get_rng_state()
+    fit_width(CVAEConfig(), wearable, (3, 32, 32), 10)
+    assert torch.equal(state, torch.get_rng_state())  # probing leaves the caller's RNG alone
+    search = PSOConfig()
+    assert resolve_role("auto", wearable, (3, 32, 32), 10, search) == "cvae"
+    assert resolve_role("auto", pi4, (1, 28, 28), 10, search) == "both"
+    assert resolve_role("auto", pi4, (3, 32, 32), 10, search) == "classifier"
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -409,11 +447,22 @@ def test_run_client_both_and_budget(digits: ArrayDataset, tmp_path: Path) -> Non
     # both phases' curves in the one report (the fixed strategy trains its one candidate: a search curve)
     assert set(report["curves"]) == {"search", "classifier", "cvae"}
     assert [len(report["curves"][p]["epoch"]) for p in ("classifier", "cvae")] == [1, 1]
+    # a CVAE-only device too small for the reference's width trains the widest that fits (8x8 digits:
+    # 64 pixels, so width 32 is about 7 k parameters, 64 about 14 k); a width given is not narrowed
     small = DeviceProfile(
         name="band", memory_mb=64, gflops=1.0, max_flops=10**6, max_params=10_000, role="cvae"
     )
-    with pytest.raises(BudgetError, match="max_params"):
-        run_client(digits, profile=small, config=ClientConfig(cvae=CVAEConfig(epochs=1)), out=tmp_path / "x")
+    narrow = run_client(
+        digits, profile=small, config=ClientConfig(cvae=CVAEConfig(epochs=1)), out=tmp_path / "n"
+    )
+    assert read_bundle(narrow.bundle_path).arch == "cvae-small-w32-z20"
+    assert load_decoder(narrow.bundle_path).hidden.out_features == 32  # the server rebuilds it at its width
+    with pytest.raises(BudgetError, match=r"does not fit the device.*max_params.*--cvae-width"):
+        config = ClientConfig(cvae=CVAEConfig(epochs=1, width=256))
+        run_client(digits, profile=small, config=config, out=tmp_path / "x")
+    tiny = dataclasses.replace(small, max_params=1_000)
+    with pytest.raises(BudgetError, match=r"no CVAE width of \[256, 128, 64, 32, 16\] fits.*max_params"):
+        run_client(digits, profile=tiny, config=ClientConfig(cvae=CVAEConfig(epochs=1)), out=tmp_path / "x")
     assert not (tmp_path / "x").exists()
 
 
