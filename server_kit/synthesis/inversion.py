@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.checks import differences, from_preset, make_real_dir
+from common.checks import differences, from_preset, is_number, make_real_dir
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import step
@@ -85,6 +85,12 @@ class InversionConfig:
     bn_weight: float = 0.0  # DeepInversion: match BN-input batch mean/var to the running statistics
     tv_weight: float = 0.0  # total variation (mean absolute neighbour difference)
     l2_weight: float = 0.0  # mean squared pixel value: a dark-background prior
+    # DeepInversion's image priors: at every step the teacher sees the batch rolled by a random offset of
+    # up to this fraction of the side (0: off) and, with ``flip``, mirrored left-right at random, so the
+    # images must keep their class under the moves a natural image survives rather than fit one exact
+    # pixel grid
+    jitter: float = 0.0
+    flip: bool = False
     # "all": every teacher is inverted for every class (the paper); "held": only for the classes its label
     # counts hold, in proportion to them (an image a teacher makes for a class it never saw is noise)
     classes: Literal["all", "held"] = "all"
@@ -109,6 +115,10 @@ class InversionConfig:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
         if self.classes not in ("all", "held"):
             raise ConfigError(f"classes must be 'all' or 'held', got {self.classes!r}")
+        if not is_number(self.jitter) or not 0 <= self.jitter < 0.5:
+            raise ConfigError(f"jitter must be a fraction of the side in [0, 0.5), got {self.jitter!r}")
+        if not isinstance(self.flip, bool):
+            raise ConfigError(f"flip must be true or false, got {self.flip!r}")
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: object) -> InversionConfig:
@@ -118,8 +128,14 @@ class InversionConfig:
         return from_preset(cls, _PRESETS, name, "inversion", **overrides)
 
     def to_dict(self) -> dict[str, object]:
+        """The fields; ``jitter`` and ``flip`` only when on, so inversion chunks and reports made before
+        they existed still match their settings on resume."""
         out = asdict(self)
         out["betas"] = list(self.betas)
+        if not out["jitter"]:
+            del out["jitter"]
+        if not out["flip"]:
+            del out["flip"]
         return out
 
 
@@ -246,6 +262,19 @@ def _total_variation(x: Tensor) -> Tensor:  # x: B x C x H x W
     return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
 
 
+def _moved(x: Tensor, shift: tuple[int, int], flip: bool, gen: torch.Generator) -> Tensor:
+    """``x`` rolled by one random offset of up to ``shift`` pixels (rows, columns) and, with ``flip``,
+    mirrored left-right with probability 1/2: one draw for the whole batch per step, as DeepInversion
+    does. Draws nothing when both are off, so such a run's stream is the one before these priors."""
+    if shift != (0, 0):
+        dy = int(torch.randint(-shift[0], shift[0] + 1, (1,), generator=gen))
+        dx = int(torch.randint(-shift[1], shift[1] + 1, (1,), generator=gen))
+        x = torch.roll(x, shifts=(dy, dx), dims=(2, 3))
+    if flip and bool(torch.rand((1,), generator=gen) < 0.5):
+        x = torch.flip(x, dims=(3,))
+    return x
+
+
 def _invert_chunk(
     module: nn.Module,
     concentrations: list[Tensor],
@@ -275,11 +304,12 @@ def _invert_chunk(
     targets = targets.to(device)
     optimizer = torch.optim.Adam([p], lr=config.lr)
     bn_loss = _BNStatLoss(module) if config.bn_weight > 0 else None
+    shift = (int(config.jitter * input_shape[1]), int(config.jitter * input_shape[2]))
     try:
         for _ in range(config.steps):
             x = torch.sigmoid(p)
             with autocast(precision, device):
-                logits = module(x)
+                logits = module(_moved(x, shift, config.flip, gen))
             log_q = F.log_softmax(logits.float() / config.tau, dim=1)  # B x L
             loss = -(targets * log_q).sum(dim=1).mean()  # CE(y, softmax(T(x) / tau))
             if bn_loss is not None:

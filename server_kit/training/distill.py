@@ -39,6 +39,9 @@ class DistillConfig:
     # synthetic set is small and made by optimisation, and a student that must match the label under
     # small translations learns the object rather than the exact pixels the teachers were optimised on
     shift: float = 0.0
+    # every image mirrored left-right with probability 1/2 (drawn per sample): a natural image keeps its
+    # class under the flip, so the student sees twice the views of the same small set
+    flip: bool = False
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -55,9 +58,15 @@ class DistillConfig:
             raise ConfigError(f"hard_labels must be a bool, got {self.hard_labels!r}")
         if not is_number(self.shift) or not 0 <= self.shift < 0.5:
             raise ConfigError(f"shift must be a fraction in [0, 0.5), got {self.shift!r}")
+        if not isinstance(self.flip, bool):
+            raise ConfigError(f"flip must be true or false, got {self.flip!r}")
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """The fields; ``flip`` only when on, so reports made before it existed match on resume."""
+        out = asdict(self)
+        if not out["flip"]:
+            del out["flip"]
+        return out
 
 
 def random_shift(x: Tensor, fraction: float, generator: torch.Generator) -> Tensor:
@@ -118,6 +127,9 @@ def distill(
         xb = x_dev[idx]
         if config.shift > 0:
             xb = random_shift(xb, config.shift, gen)
+        if config.flip:
+            mirror = (torch.rand((len(xb),), generator=gen) < 0.5).to(xb.device)
+            xb = torch.where(mirror.view(-1, 1, 1, 1), xb.flip(3), xb)
         with autocast(precision, dev):
             logits = student(xb).float()  # B x L
         if config.hard_labels:

@@ -69,10 +69,11 @@ def test_hard_labels_use_cross_entropy():
     assert abs(history[0] - ce_before) < 0.5
 
 
-def test_distill_is_deterministic_and_leaves_global_rng_alone():
+@pytest.mark.parametrize("views", [{}, {"shift": 0.25, "flip": True}])
+def test_distill_is_deterministic_and_leaves_global_rng_alone(views):
     x = images(64, seed=3)
     targets = consensus(teachers(), x, tau=4.0)
-    cfg = DistillConfig(epochs=2, batch_size=16)
+    cfg = DistillConfig(epochs=2, batch_size=16, **views)
     state = torch.get_rng_state()
     a, b, c = (model("C8k3-P-F16-F3", seed=5) for _ in range(3))
     distill(a, x, targets, config=cfg, seed=7)
@@ -98,7 +99,13 @@ def test_distill_validation():
 
 @pytest.mark.parametrize(
     ("overrides", "match"),
-    [({"epochs": 0}, "epochs"), ({"batch_size": 0}, "batch_size"), ({"lr": -1.0}, "lr"), ({"tau": 0}, "tau")],
+    [
+        ({"epochs": 0}, "epochs"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"lr": -1.0}, "lr"),
+        ({"tau": 0}, "tau"),
+        ({"flip": "yes"}, "flip"),
+    ],
 )
 def test_distill_config_validation(overrides, match):
     with pytest.raises(ConfigError, match=match):

@@ -104,6 +104,9 @@ def test_dirichlet_targets_are_seeded():
         ({"betas": ()}, "betas"),
         ({"betas": (0.1, -1.0)}, "beta"),
         ({"bn_weight": -0.1}, "bn_weight"),
+        ({"jitter": 0.5}, "jitter"),
+        ({"jitter": -0.1}, "jitter"),
+        ({"flip": 1}, "flip"),
     ],
 )
 def test_config_validation(overrides, match):
@@ -151,7 +154,10 @@ def _target_agreement(teacher: nn.Module, x: torch.Tensor, cls: torch.Tensor) ->
     return float((teacher(x).argmax(1) == cls).float().mean())
 
 
-@pytest.mark.parametrize("regularisers", [{}, {"bn_weight": 0.1, "tv_weight": 0.01, "l2_weight": 0.01}])
+@pytest.mark.parametrize(
+    "regularisers",
+    [{}, {"bn_weight": 0.1, "tv_weight": 0.01, "l2_weight": 0.01}, {"jitter": 0.125, "flip": True}],
+)
 def test_inversion_makes_the_teacher_agree_with_the_target(regularisers):
     teacher = tiny_teacher("C8k3-P-F3", seed=1)
     d = teacher.head.weight.shape[1]
@@ -185,6 +191,18 @@ def test_inversion_is_seeded():
     b = invert_teacher(teacher, num_classes=L, input_shape=SHAPE, config=config(), seed=1)[0]
     c = invert_teacher(teacher, num_classes=L, input_shape=SHAPE, config=config(), seed=2)[0]
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_image_priors_are_seeded_and_off_by_default():
+    """The jitter and flip draws come from the chunk's own stream: same seed, same images; and with both
+    off the stream (and so every image) is the one a run before these priors made."""
+    teacher = tiny_teacher()
+    moved = config(jitter=0.25, flip=True)
+    a = invert_teacher(teacher, num_classes=L, input_shape=SHAPE, config=moved, seed=1)[0]
+    b = invert_teacher(teacher, num_classes=L, input_shape=SHAPE, config=moved, seed=1)[0]
+    plain = invert_teacher(teacher, num_classes=L, input_shape=SHAPE, config=config(), seed=1)[0]
+    assert torch.equal(a, b) and not torch.equal(a, plain)
+    assert "jitter" not in config().to_dict() and config(flip=True).to_dict()["flip"] is True
 
 
 def test_wrong_head_size_is_refused():
