@@ -47,8 +47,10 @@ SECTIONS = ("labels", "inversion", "generator", "distill", "adversarial")
 
 
 def _coerce(current: Any, text: str) -> Any:
-    if current is None:  # an optional field: none, a bool or a number
+    if current is None:  # an optional field: none, a bool, a number or a "+"-joined list of names
         lowered = text.lower()
+        if not lowered.replace(".", "", 1).isdigit() and lowered not in ("none", "true", "false"):
+            return tuple(x for x in text.split("+") if x)
         if lowered == "none":
             return None
         if lowered in ("0", "1", "true", "false"):
@@ -158,6 +160,7 @@ def main() -> None:
     cache: dict[str, Any] = {}
     for spec in args.variant or ["default"]:
         name, config = variant_config(spec, args.seed)
+        config = config.for_task(fed.input_shape)  # the server's auto settings, as aggregate decides them
         key = json.dumps(
             [
                 paths,

@@ -56,6 +56,12 @@ class Recipe:
     weight_decay: float
 
 
+def is_color(input_shape: tuple[int, ...]) -> bool:
+    """Whether images of ``input_shape`` (C, H, W) are color pictures (:data:`COLOR_CHANNELS` channels):
+    the one rule every ``auto`` setting of the device and the server reads."""
+    return int(input_shape[0]) == COLOR_CHANNELS
+
+
 def check_recipe(augment: object, schedule: object, weight_decay: object) -> None:
     """The recipe options of a config: a choice of :data:`AUGMENTS`, of :data:`SCHEDULES`, and a weight
     decay that is None (from the input spec) or a finite number >= 0; else :class:`ConfigError`."""
@@ -80,7 +86,7 @@ def resolve_recipe(
     decay) takes the color recipe for :data:`COLOR_CHANNELS`-channel inputs and the plain one (no
     augmentation, constant rate, no decay) otherwise; an explicit choice is kept as given."""
     check_recipe(augment, schedule, weight_decay)
-    color = input_shape[0] == COLOR_CHANNELS
+    color = is_color(input_shape)
     crop = augment == "crop-flip" or (augment == "auto" and color)
     pad = max(1, min(input_shape[1:]) // PAD_SHARE) if crop else 0
     if schedule == "auto":

@@ -129,9 +129,9 @@ class CVAEConfig:
             one. The architecture's name then ends in -classprior. On in simulate's fedmho method, where
             decoder samples are all the global model trains on; off by default, where they are one
             source among three.
-        width: units of the dense hidden layer of the encoder and of the decoder; None: the reference's
-            256 where the whole CVAE fits the device's budget, else the widest of :data:`WIDTHS` that does
-            (:func:`fit_width`). The architecture's name then says it (``cvae-small-w64-z20``).
+        width: units of the hidden layer of the encoder and of the decoder; none: 256 (the reference's)
+            where the whole CVAE fits the device's budget, else the widest of 128, 64, 32 and 16 that
+            does. The architecture's name then says it (cvae-small-w64-z20).
     """
 
     model: CVAEModel = "cvae-small"

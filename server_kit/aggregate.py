@@ -109,9 +109,10 @@ def aggregate(
 
 def _load(
     bundle_paths: Uploads, config: AggregateConfig, device: torch.device, skipped: list[tuple[str, str]]
-) -> tuple[Federation, list[Teacher]]:
+) -> tuple[Federation, list[Teacher], AggregateConfig]:
     """The federation of the usable uploads: teachers (and decoders when this run samples them) each
-    read, rebuilt and probed once, failures charged to their bundle."""
+    read, rebuilt and probed once, failures charged to their bundle; and ``config`` with its ``auto``
+    settings decided by the teachers' input shape (:meth:`AggregateConfig.for_task`)."""
     uploads = read_uploads(bundle_paths, on_error=config.on_error, skipped=skipped)
     uploads = without_clones(uploads, on_error=config.on_error, skipped=skipped)  # copies count once
     classifiers, decoders = split_kinds(uploads)
@@ -121,6 +122,7 @@ def _load(
     teachers = usable_teachers(
         teachers, on_error=config.on_error, seed=config.seed, device=device, skipped=skipped
     )
+    config = config.for_task(tuple(teachers[0].bundle.input_shape))
     if "decoder" in config.sources(bool(decoders)):  # else not read by this run
         first = teachers[0].bundle
         decoders = usable_decoders(
@@ -131,7 +133,7 @@ def _load(
             device=device,
             skipped=skipped,
         )
-    return Federation.from_teachers(teachers, device, decoders), teachers
+    return Federation.from_teachers(teachers, device, decoders), teachers, config
 
 
 def _check_eval(eval_data: ArrayDataset | None, fed: Federation) -> None:
@@ -157,7 +159,7 @@ def _run(
     wall = time.perf_counter()
     with timed(seconds, "load"):
         skipped: list[tuple[str, str]] = []
-        fed, teachers = _load(bundle_paths, config, device, skipped)
+        fed, teachers, config = _load(bundle_paths, config, device, skipped)
         _check_eval(eval_data, fed)
     out.mkdir(parents=True, exist_ok=True)  # once the uploads are read: a bad one leaves no directory
     # every teacher's cost at the batch of each phase this run uses; one over it, or too slow or non-finite

@@ -4,7 +4,7 @@ and the sub-config it hands each phase: a phase sees only its own settings."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -14,6 +14,7 @@ from common.configs import config_from_dict
 from common.device import check_device, resolve_device
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import parse_arch
+from edge_sdk.augment import is_color
 from edge_sdk.precision import Precision, check_precision, resolve_precision
 from server_kit.labelling import CLAIM_CHECKS, LabelConfig, LabellingConfig
 from server_kit.synthesis import (
@@ -27,11 +28,15 @@ from server_kit.synthesis import (
 from server_kit.teachers import BudgetConfig, Phase, server_phases
 from server_kit.training import AdversarialConfig, DistillConfig, FusionConfig, TrainingConfig
 
-__all__ = ["DEFAULT_STUDENT", "AggregateConfig"]
+__all__ = ["COLOR_STUDENT", "DEFAULT_STUDENT", "AggregateConfig"]
 
 # A small CNN (0.42 M parameters, 8.5 MFLOPs at 28x28): big enough to absorb ten MNIST teachers,
 # small enough to distill in under a minute on two CPU cores. The head is resized to the task's classes.
 DEFAULT_STUDENT = "C32k3-P-C64k3-P-F128-F10"
+# Color images (three channels): a residual chain with BatchNorm in every block (25 MFLOPs at 32x32x3),
+# the same family the devices' color search draws from; benchmarks/RESULTS.md ("Color images, server")
+# has the comparison with the small CNN on the same uploads
+COLOR_STUDENT = "C16k3-R16k3-P-R32k3-P-R64k3-P-F10"
 
 _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
     # 10 epochs: on MNIST 20 gave the same uploads no better a student, for twice the time
@@ -76,7 +81,9 @@ class AggregateConfig:
     trained on the filtered decoder samples with the FedMHO loss of ``fusion.mode`` (ce, md or sd).
     """
 
-    student: str = DEFAULT_STUDENT  # the global model's architecture (an edge-sdk architecture spec)
+    # the global model's architecture (an edge-sdk architecture spec), or auto: a residual chain for
+    # color images, a small CNN for the rest
+    student: str = "auto"
     device: str = "auto"  # the server's device: auto (CUDA when present), cpu, cuda or cuda:N
     seed: int = 0  # seed of the server's synthesis and training
     inversion: InversionConfig = field(default_factory=_fast_inversion)
@@ -130,9 +137,12 @@ class AggregateConfig:
     def __post_init__(self) -> None:
         check_precision(self.precision)
         try:
-            parse_arch(self.student)
+            if self.student != "auto":
+                parse_arch(self.student)
         except (SpecError, AttributeError) as err:
-            raise ConfigError(f"student must be an architecture spec, got {self.student!r}: {err}") from err
+            raise ConfigError(
+                f"student must be 'auto' or an architecture spec, got {self.student!r}: {err}"
+            ) from err
         check_device(self.device)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
@@ -320,11 +330,23 @@ class AggregateConfig:
         wanted = ("inversion", "generator", "decoder") if has_decoders else ("inversion", "generator")
         return tuple(name for name in SOURCES if name in wanted)
 
+    def for_task(self, input_shape: tuple[int, int, int]) -> AggregateConfig:
+        """This config with its ``auto`` settings decided by the teachers' input shape, never by a dataset
+        name (:func:`edge_sdk.augment.is_color`): color images get the residual student and the
+        inversion's jitter and flip priors; the rest (a mirrored digit is no digit) keep the small CNN and
+        no priors, bit for bit the runs before these settings existed. What runs and what the report
+        records is the resolved config."""
+        student = self.student
+        if student == "auto":
+            student = COLOR_STUDENT if is_color(input_shape) else DEFAULT_STUDENT
+        return replace(self, student=student, inversion=self.inversion.for_images(input_shape))
+
     def to_dict(self, device: torch.device | None = None) -> dict[str, Any]:
         """The config as JSON, with the precision that runs on ``device`` (the run's resolved device;
         None: this config's device, resolved for the record)."""
         out = asdict(self)
         out["inversion"] = self.inversion.to_dict()
+        out["distill"] = self.distill.to_dict()
         out["generator"] = self.generator.to_dict()
         out["synth"] = None if self.synth is None else list(self.synth)
         out["construction_labels"] = list(self.construction_labels)

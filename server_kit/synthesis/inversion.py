@@ -30,7 +30,7 @@ import io
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -45,6 +45,7 @@ from common.errors import ConfigError, DataError
 from common.loop import step
 from common.seeding import derive_seed
 from common.torch_utils import frozen
+from edge_sdk.augment import PAD_SHARE, is_color
 from edge_sdk.precision import autocast, resolve_precision
 from export.atomic import atomic_write_bytes, atomic_write_json
 from server_kit.teachers import batch_statistics_gap, classifier_weight, map_teachers
@@ -60,6 +61,7 @@ __all__ = [
 ]
 
 CONCENTRATION_EPS = 1e-3
+NATURAL_JITTER = 1 / PAD_SHARE  # the shift prior on color images: the devices' crop, 1/8 of the side
 _WORK_FORMAT = 1
 
 _PRESETS: dict[str, dict[str, object]] = {
@@ -85,12 +87,12 @@ class InversionConfig:
     bn_weight: float = 0.0  # DeepInversion: match BN-input batch mean/var to the running statistics
     tv_weight: float = 0.0  # total variation (mean absolute neighbour difference)
     l2_weight: float = 0.0  # mean squared pixel value: a dark-background prior
-    # DeepInversion's image priors: at every step the teacher sees the batch rolled by a random offset of
-    # up to this fraction of the side (0: off) and, with ``flip``, mirrored left-right at random, so the
-    # images must keep their class under the moves a natural image survives rather than fit one exact
-    # pixel grid
-    jitter: float = 0.0
-    flip: bool = False
+    # DeepInversion's image priors, so the images keep their class under the moves a natural image
+    # survives rather than fit one pixel grid. The teacher sees each step's batch rolled by a random
+    # offset of up to this fraction of the side (0: off); none: 1/8 for color images, else 0
+    jitter: float | None = None
+    # the teacher sees each step's batch mirrored left-right with probability 1/2; none: for color images
+    flip: bool | None = None
     # "all": every teacher is inverted for every class (the paper); "held": only for the classes its label
     # counts hold, in proportion to them (an image a teacher makes for a class it never saw is noise)
     classes: Literal["all", "held"] = "all"
@@ -115,10 +117,19 @@ class InversionConfig:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
         if self.classes not in ("all", "held"):
             raise ConfigError(f"classes must be 'all' or 'held', got {self.classes!r}")
-        if not is_number(self.jitter) or not 0 <= self.jitter < 0.5:
+        if self.jitter is not None and (not is_number(self.jitter) or not 0 <= self.jitter < 0.5):
             raise ConfigError(f"jitter must be a fraction of the side in [0, 0.5), got {self.jitter!r}")
-        if not isinstance(self.flip, bool):
-            raise ConfigError(f"flip must be true or false, got {self.flip!r}")
+        if self.flip is not None and not isinstance(self.flip, bool):
+            raise ConfigError(f"flip must be true, false or none, got {self.flip!r}")
+
+    def for_images(self, input_shape: tuple[int, int, int]) -> InversionConfig:
+        """``jitter`` and ``flip`` decided where None: on for color images
+        (:func:`edge_sdk.augment.is_color`), a shift of up to 1/8 of the side (DeepInversion's 30 of 224
+        pixels) and the flip; off for the rest (a mirrored digit is no digit)."""
+        color = is_color(input_shape)
+        jitter = (NATURAL_JITTER if color else 0.0) if self.jitter is None else self.jitter
+        flip = color if self.flip is None else self.flip
+        return replace(self, jitter=jitter, flip=flip)
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: object) -> InversionConfig:
@@ -132,9 +143,9 @@ class InversionConfig:
         they existed still match their settings on resume."""
         out = asdict(self)
         out["betas"] = list(self.betas)
-        if not out["jitter"]:
+        if out["jitter"] is None or out["jitter"] == 0:
             del out["jitter"]
-        if not out["flip"]:
+        if not out["flip"]:  # None (undecided) or False
             del out["flip"]
         return out
 
@@ -304,6 +315,8 @@ def _invert_chunk(
     targets = targets.to(device)
     optimizer = torch.optim.Adam([p], lr=config.lr)
     bn_loss = _BNStatLoss(module) if config.bn_weight > 0 else None
+    if config.jitter is None or config.flip is None:
+        raise ConfigError("decide the image priors first: InversionConfig.for_images(input_shape)")
     shift = (int(config.jitter * input_shape[1]), int(config.jitter * input_shape[2]))
     try:
         for _ in range(config.steps):
@@ -373,6 +386,7 @@ def invert_teacher(
     put in eval mode with frozen parameters for the call (its flags are restored after).
     """
     shape = _check_inputs(num_classes, input_shape)
+    config = config.for_images(shape)  # undecided priors: by the images' channels
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     counts = None if class_counts is None else [list(class_counts)]
@@ -485,6 +499,7 @@ def synthesize_inversion(
     if not modules:
         raise ConfigError("synthesize_inversion needs at least one teacher")
     shape = _check_inputs(num_classes, input_shape)
+    config = config.for_images(shape)  # undecided priors: by the images' channels
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     plans = _teacher_plans(config, len(modules), num_classes, label_counts)

@@ -85,3 +85,22 @@ def test_an_aggregation_replays_from_its_report(tmp_path, bundles):  # noqa: F81
         hashlib.sha256((tmp_path / d / "global.onnx").read_bytes()).hexdigest() for d in ("run", "again")
     ]
     assert digests[0] == digests[1]
+
+
+def test_auto_settings_are_decided_by_the_input_shape():
+    """The student and the inversion's image priors follow the teachers' channels, never a dataset name:
+    one channel keeps the small CNN and no priors (the runs before these settings), three get the residual
+    student, a shift of 1/8 of the side and the flip; a setting given is kept as given."""
+    from server_kit.aggregate_config import COLOR_STUDENT, DEFAULT_STUDENT
+
+    gray, color = AggregateConfig().for_task((1, 28, 28)), AggregateConfig().for_task((3, 32, 32))
+    assert gray.student == DEFAULT_STUDENT and (gray.inversion.jitter, gray.inversion.flip) == (0.0, False)
+    assert color.student == COLOR_STUDENT and (color.inversion.jitter, color.inversion.flip) == (0.125, True)
+    assert "jitter" not in gray.inversion.to_dict() and "flip" not in gray.inversion.to_dict()
+    given = AggregateConfig(student="C8k3-P-F10", inversion=replace(AggregateConfig().inversion, flip=False))
+    kept = given.for_task((3, 32, 32))
+    assert kept.student == "C8k3-P-F10" and kept.inversion.flip is False and kept.inversion.jitter == 0.125
+    replayed = AggregateConfig.from_dict(color.to_dict())  # a report replays (with the precision that ran)
+    assert replace(replayed.for_task((3, 32, 32)), precision="auto") == color
+    with pytest.raises(ConfigError, match="student must be 'auto' or an architecture spec"):
+        AggregateConfig(student="nope")
