@@ -39,9 +39,9 @@ DEFAULT_STUDENT = "C32k3-P-C64k3-P-F128-F10"
 COLOR_STUDENT = "C16k3-R16k3-P-R32k3-P-R64k3-P-F10"
 
 _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
-    # 10 epochs: on MNIST 20 gave the same uploads no better a student, for twice the time
-    # (benchmarks/RESULTS.md, "Speed")
-    "fast": dict(epochs=10, batch_size=64, lr=1e-3, tau=4.0),
+    # epochs decided by the images (DistillConfig.for_images): 10 on one-channel ones, where 20 gave the
+    # same MNIST uploads no better a student, for twice the time (benchmarks/RESULTS.md, "Speed")
+    "fast": dict(epochs=None, batch_size=64, lr=1e-3, tau=4.0),
     # The paper fixes tau = 4 and (client side) Adam 1e-3, batch 64; E_distill is not given: 50 epochs.
     "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0),
 }
@@ -89,7 +89,8 @@ class AggregateConfig:
     inversion: InversionConfig = field(default_factory=_fast_inversion)
     distill: DistillConfig = field(default_factory=_fast_distill)
     # the synthesis sources whose samples are pooled: inversion, generator and decoder, any of them; none:
-    # inversion and generator, and the decoders whenever CVAE decoder bundles are among the uploads
+    # inversion and generator, and the decoders whenever CVAE decoder bundles are among the uploads and
+    # the images are not color ones (or FedMHO's fusion needs them)
     synth: tuple[str, ...] | None = None
     generator: GeneratorConfig = field(default_factory=GeneratorConfig.preset)
     labels: LabelConfig = field(default_factory=LabelConfig)
@@ -332,14 +333,26 @@ class AggregateConfig:
 
     def for_task(self, input_shape: tuple[int, int, int]) -> AggregateConfig:
         """This config with its ``auto`` settings decided by the teachers' input shape, never by a dataset
-        name (:func:`edge_sdk.augment.is_color`): color images get the residual student and the
-        inversion's jitter and flip priors; the rest (a mirrored digit is no digit) keep the small CNN and
-        no priors, bit for bit the runs before these settings existed. What runs and what the report
-        records is the resolved config."""
+        name (:func:`edge_sdk.augment.is_color`): color images get the residual student, the inversion's
+        jitter and flip priors and 30 distillation epochs, and no decoder samples unless ``synth`` or
+        FedMHO's fusion asks for them (the small MLP decoders draw color blobs the teachers mostly reject);
+        the rest (a mirrored digit is no digit) keep the small CNN, no priors, 10 epochs and the decoders,
+        bit for bit the runs before these settings existed. What runs and what the report records is the
+        resolved config."""
+        color = is_color(input_shape)
         student = self.student
         if student == "auto":
-            student = COLOR_STUDENT if is_color(input_shape) else DEFAULT_STUDENT
-        return replace(self, student=student, inversion=self.inversion.for_images(input_shape))
+            student = COLOR_STUDENT if color else DEFAULT_STUDENT
+        synth = self.synth
+        if synth is None and color and self.fusion is None:  # FedMHO's fusion trains on decoder samples
+            synth = ("inversion", "generator")
+        return replace(
+            self,
+            student=student,
+            synth=synth,
+            inversion=self.inversion.for_images(input_shape),
+            distill=self.distill.for_images(input_shape),
+        )
 
     def to_dict(self, device: torch.device | None = None) -> dict[str, Any]:
         """The config as JSON, with the precision that runs on ``device`` (the run's resolved device;

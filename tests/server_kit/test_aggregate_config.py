@@ -96,6 +96,15 @@ def test_auto_settings_are_decided_by_the_input_shape():
     gray, color = AggregateConfig().for_task((1, 28, 28)), AggregateConfig().for_task((3, 32, 32))
     assert gray.student == DEFAULT_STUDENT and (gray.inversion.jitter, gray.inversion.flip) == (0.0, False)
     assert color.student == COLOR_STUDENT and (color.inversion.jitter, color.inversion.flip) == (0.125, True)
+    assert (gray.distill.epochs, color.distill.epochs) == (10, 30)
+    assert gray.synth is None and color.synth == ("inversion", "generator")
+    assert AggregateConfig(fusion=FusionConfig()).for_task((3, 32, 32)).synth is None  # FedMHO keeps them
+    assert (
+        AggregateConfig(distill=replace(AggregateConfig().distill, epochs=4))
+        .for_task((3, 8, 8))
+        .distill.epochs
+        == 4
+    )
     assert "jitter" not in gray.inversion.to_dict() and "flip" not in gray.inversion.to_dict()
     given = AggregateConfig(student="C8k3-P-F10", inversion=replace(AggregateConfig().inversion, flip=False))
     kept = given.for_task((3, 32, 32))
