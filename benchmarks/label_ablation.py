@@ -129,6 +129,7 @@ def main() -> None:
     parser.add_argument("run", help="a `server-kit simulate` output directory (clients/, data/test.npz)")
     parser.add_argument("--variant", action="append", default=[], help="name[:section.field=value,...]")
     parser.add_argument("--bundles", nargs="+", help="bundle files instead of RUN/clients/client_*.bundle")
+    parser.add_argument("--ceilings-only", action="store_true", help="the teachers' ceilings, no variant")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--work", help="work directory (inversion chunks); default RUN/ablation")
@@ -156,6 +157,9 @@ def main() -> None:
     if "ceilings" not in rows:
         rows["ceilings"] = ceilings(fed, x_test, y_test)
     print("ceilings", json.dumps(rows["ceilings"]), flush=True)
+    if args.ceilings_only:
+        atomic_write_json(out, rows)
+        return
 
     cache: dict[str, Any] = {}
     for spec in args.variant or ["default"]:
