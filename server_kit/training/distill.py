@@ -25,16 +25,18 @@ from edge_sdk.train import kd_loss
 
 __all__ = ["COLOR_EPOCHS", "PLAIN_EPOCHS", "DistillConfig", "distill", "random_shift"]
 
-PLAIN_EPOCHS = 10  # distillation epochs left undecided, for one-channel images
-COLOR_EPOCHS = 30  # and for color ones
+# Distillation epochs left undecided: one-channel images, where twice as many gave the same MNIST uploads no
+# better a student; color ones, where the residual student on the harder set kept improving
+# (benchmarks/RESULTS.md, "Speed" and "Color images, server side")
+PLAIN_EPOCHS = 10
+COLOR_EPOCHS = 30
 
 
 @dataclass(frozen=True, kw_only=True)
 class DistillConfig:
     """Student training on (X, Y). ``tau`` is the distillation temperature (the paper uses 4)."""
 
-    # passes of the student over the synthetic set; none: 10 for one-channel images (on MNIST 20 gave no
-    # better a student), 30 for color ones (the deeper color student on a harder set kept improving)
+    # passes of the student over the synthetic set; none: 10 for one-channel images, 30 for color ones
     epochs: int | None
     batch_size: int = 64
     lr: float = 1e-3  # Adam learning rate
