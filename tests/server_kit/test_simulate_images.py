@@ -9,6 +9,7 @@ from PIL import Image
 from common.errors import ConfigError
 from export.bundle import read_bundle
 from export.onnx_export import read_deploy
+from server_kit.aggregate_config import COLOR_STUDENT
 from server_kit.cli import main
 from server_kit.federation.simulate import SimulateConfig
 
@@ -39,6 +40,10 @@ def federation(tmp_path_factory):
         "--strategy", "fixed", "--fixed-arch", "C8k3-P-F3", "--final-epochs", "5", "--no-decoders",
         "--synth", "inversion", "--inversion-samples-per-teacher", "30", "--inversion-steps", "10",
         "--distill-epochs", "5", "--aggregate-device", "cpu", "--out", str(out),
+        # the small CNN without the moves: ten distillation steps on 8x8 noise colours are too few for the
+        # residual BatchNorm student of real color images (its running statistics have not settled), and
+        # the test is about the folder's path through the federation
+        "--student", "C32k3-P-C64k3-P-F128-F10", "--inversion-jitter", "0", "--no-inversion-flip",
     ]  # fmt: skip
     assert main(argv) == 0
     return out, json.loads((out / "results.json").read_text())
@@ -59,6 +64,30 @@ def test_a_colour_folder_federates_end_to_end(federation):
     # model, distilled from the clients without their images, tells the three colours apart too; the
     # colours are far apart, so these floors hold whatever the kernels' rounding
     assert results["mean_client_test_accuracy"] > 0.6 and results["global_accuracy"] > 0.5
+    config = json.loads((out / "server" / "report.json").read_text())["config"]
+    assert "flip" not in config["inversion"] and "jitter" not in config["inversion"]  # given off: kept off
+
+
+def test_a_colour_federation_runs_the_colour_defaults(tmp_path):
+    """Left to itself, the server decides its auto settings by the images' three channels (the residual
+    student, the inversion's moves, 30 epochs, no decoder samples) and its report says which ran."""
+    make_photos(tmp_path / "photos", train=10, test=4)
+    argv = [
+        "simulate", "--dataset", "folder", "--data-root", str(tmp_path / "photos"), "--image-size", "8",
+        "--num-clients", "2", "--alpha", "1.0", "--seed", "0", "--quiet", "--profiles", "laptop-cpu",
+        "--strategy", "fixed", "--fixed-arch", "C8k3-P-F3", "--final-epochs", "1", "--cvae-epochs", "1",
+        "--inversion-samples-per-teacher", "12", "--inversion-steps", "2", "--generator-steps", "2",
+        "--generator-samples", "12", "--aggregate-device", "cpu", "--out", str(tmp_path / "sim"),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    config = json.loads((tmp_path / "sim" / "server" / "report.json").read_text())["config"]
+    assert config["student"] == COLOR_STUDENT and config["synth"] == ["inversion", "generator"]
+    assert (config["inversion"]["jitter"], config["inversion"]["flip"], config["distill"]["epochs"]) == (
+        0.125,
+        True,
+        30,
+    )
+    assert any((tmp_path / "sim" / "clients").glob("*.decoder.bundle"))  # uploaded, left unread
 
 
 def test_image_size_is_refused_where_it_does_not_apply(tmp_path, capsys):
