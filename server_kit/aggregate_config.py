@@ -34,7 +34,7 @@ __all__ = ["COLOR_STUDENT", "DEFAULT_STUDENT", "AggregateConfig"]
 # small enough to distill in under a minute on two CPU cores. The head is resized to the task's classes.
 DEFAULT_STUDENT = "C32k3-P-C64k3-P-F128-F10"
 # Color images (three channels): a residual chain with BatchNorm in every block (25 MFLOPs at 32x32x3),
-# the same family the devices' color search draws from; benchmarks/RESULTS.md ("Color images, server")
+# the same family the devices' color search draws from; benchmarks/RESULTS.md ("Color images, server side")
 # has the comparison with the small CNN on the same uploads
 COLOR_STUDENT = "C16k3-R16k3-P-R32k3-P-R64k3-P-F10"
 
