@@ -41,8 +41,8 @@ def federation(tmp_path_factory):
         "--synth", "inversion", "--inversion-samples-per-teacher", "30", "--inversion-steps", "10",
         "--distill-epochs", "5", "--aggregate-device", "cpu", "--out", str(out),
         # the small CNN without the moves: ten distillation steps on 8x8 noise colours are too few for the
-        # residual BatchNorm student of real color images (its running statistics have not settled), and
-        # the test is about the folder's path through the federation
+        # residual BatchNorm student of real color images (it stays at chance here; most likely its running
+        # statistics have not settled), and the test is about the folder's path through the federation
         "--student", "C32k3-P-C64k3-P-F128-F10", "--inversion-jitter", "0", "--no-inversion-flip",
     ]  # fmt: skip
     assert main(argv) == 0
