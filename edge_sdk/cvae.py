@@ -70,6 +70,7 @@ __all__ = [
     "build_cvae",
     "class_prior_min_examples",
     "cvae_arch",
+    "cvae_cost",
     "cvae_loss",
     "evaluate_cvae",
     "fit_class_prior",
@@ -584,6 +585,14 @@ def profile_cvae(model: CVAE, *, batch_size: int = 64, optimizer: str = "adam") 
     )
 
 
+def cvae_cost(config: CVAEConfig, input_shape: tuple[int, int, int], num_classes: int) -> CVAEProfile:
+    """What the CVAE of ``config`` (at its arch's width) costs, training at ``config.batch_size``: the probe a
+    device's budget checks and plan read. Its weights do not matter, so the caller's RNG is left untouched."""
+    with seeded(0):
+        probe = build_cvae(config.arch, input_shape, num_classes)
+    return profile_cvae(probe, batch_size=config.batch_size)
+
+
 def fit_width(
     config: CVAEConfig, profile: DeviceProfile, input_shape: tuple[int, int, int], num_classes: int
 ) -> CVAEConfig:
@@ -596,9 +605,7 @@ def fit_width(
     problem = None
     for width in WIDTHS:
         candidate = dataclasses.replace(config, width=width)
-        with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
-            probe = build_cvae(candidate.arch, input_shape, num_classes)
-        problem = fits(profile_cvae(probe, batch_size=config.batch_size).model, profile)
+        problem = fits(cvae_cost(candidate, input_shape, num_classes).model, profile)
         if problem is None:
             return candidate
     raise BudgetError(

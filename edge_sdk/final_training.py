@@ -15,7 +15,7 @@ from common.errors import BudgetError, ConfigError
 from common.seeding import seeded
 from edge_sdk.arch import ArchSpec, build_model, parse_arch
 from edge_sdk.artifacts import TrainedCVAE, TrainedModel
-from edge_sdk.cvae import CVAEConfig, build_cvae, evaluate_cvae, fit_width, profile_cvae, train_cvae
+from edge_sdk.cvae import CVAEConfig, cvae_cost, evaluate_cvae, fit_width, train_cvae
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.train import TrainConfig, evaluate, make_optimizer, to_float, train
@@ -230,9 +230,7 @@ def train_cvae_final(
     memory) at its width (:func:`edge_sdk.cvae.fit_width`: the widest that fits, unless one is given),
     then train it and measure its loss on the validation split."""
     config = fit_width(config, profile, train_split.input_shape, train_split.num_classes)
-    with seeded(seed):
-        probe = build_cvae(config.arch, train_split.input_shape, train_split.num_classes)
-    cost = profile_cvae(probe, batch_size=config.batch_size)
+    cost = cvae_cost(config, train_split.input_shape, train_split.num_classes)
     problem = fits(cost.model, profile)
     if problem is not None:
         raise BudgetError(

@@ -17,9 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from common.seeding import seeded
 from edge_sdk.arch import analytic_cost, parse_arch, with_num_classes
-from edge_sdk.cvae import CVAEConfig, build_cvae, fit_width, profile_cvae
+from edge_sdk.cvae import CVAEConfig, cvae_cost, fit_width
 from edge_sdk.profiling import TRAIN_FLOP_FACTOR
 from edge_sdk.strategies.base import SearchConfig
 from profiles import DeviceProfile
@@ -49,9 +48,8 @@ def _cvae_flops(
 ) -> int:
     """Training forward FLOPs per image of the whole CVAE (encoder and decoder) at the width the device
     will train (:func:`edge_sdk.cvae.fit_width`)."""
-    config = fit_width(config, profile, input_shape, num_classes)
-    with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
-        return int(profile_cvae(build_cvae(config.arch, input_shape, num_classes)).model.flops)
+    fitted = fit_width(config, profile, input_shape, num_classes)
+    return int(cvae_cost(fitted, input_shape, num_classes).model.flops)
 
 
 def plan_flops(

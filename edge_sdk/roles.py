@@ -11,7 +11,7 @@ from common.errors import ConfigError
 from common.seeding import seeded
 from edge_sdk.arch import ArchSpec, build_model, parse_arch, with_num_classes
 from edge_sdk.chain import ChainSpec, Conv, Dense, Pool
-from edge_sdk.cvae import CVAEConfig, build_cvae, profile_cvae
+from edge_sdk.cvae import CVAEConfig, cvae_cost
 from edge_sdk.elastic import smallest
 from edge_sdk.footprint import host_role
 from edge_sdk.profiling import fits, profile_model
@@ -79,9 +79,7 @@ def _cvae_fits(
     """None when the whole CVAE (encoder + decoder, training memory) fits the profile, else why. At the
     config's width: a classifier device adds a decoder only at the reference's width (None), never at
     one narrowed to fit (:func:`edge_sdk.cvae.fit_width` narrows a CVAE-only device's)."""
-    with seeded(0):  # weight values do not matter; keep the caller's RNG untouched
-        probe = build_cvae(config.arch, input_shape, num_classes)
-    return fits(profile_cvae(probe, batch_size=config.batch_size).model, profile)
+    return fits(cvae_cost(config, input_shape, num_classes).model, profile)
 
 
 def resolve_role(
