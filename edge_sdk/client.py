@@ -163,6 +163,11 @@ class ClientConfig:
                 "weights with num_classes outputs: drop --supernet or --unknown-output"
             )
 
+    def for_input(self, input_shape: tuple[int, int, int]) -> ClientConfig:
+        """This config with its search's input-dependent settings resolved for images of
+        ``input_shape`` (:meth:`edge_sdk.strategies.base.SearchConfig.for_input`)."""
+        return dataclasses.replace(self, search=self.search.for_input(input_shape))
+
     def to_dict(self) -> dict[str, Any]:
         """The settings a client report records (and a resume compares): those that apply to the role
         (an explicit ``classifier`` trains no CVAE, ``cvae`` searches nothing, so the other half's
@@ -203,10 +208,11 @@ def resume_key(config: ClientConfig, data: ArrayDataset, profile: DeviceProfile)
     the role, :meth:`ClientConfig.to_dict`), ``data_sha256`` (the content of the data it trained on,
     :func:`edge_sdk.data.data_sha256`), ``device_profile`` (the budgets it searched under) and
     ``version`` (:data:`CODE_VERSION`). A resume compares the recorded key with the one of the run it
-    would do; any difference means the files are another run's."""
+    would do; any difference means the files are another run's. The config is recorded resolved for the
+    data's input (:meth:`ClientConfig.for_input`): what ran, not what was left to the input."""
     budget = profile.to_dict()
     return {
-        "config": config.to_dict(),
+        "config": config.for_input(data.input_shape).to_dict(),
         "data_sha256": data_sha256(data),
         "device_profile": {name: budget[name] for name in PROFILE_KEY_FIELDS},
         "version": CODE_VERSION,
@@ -253,6 +259,7 @@ def run_client(
     (:func:`edge_sdk.roles.resolve_role`)."""
     out = Path(out)
     resolve_device(config.device)  # a missing GPU is refused before any work
+    config = config.for_input(data.input_shape)
     budgeted = profile  # the budgets the search screens under: the profile's, time_budget_s overridden
     if config.time_budget_s is not None:
         budgeted = dataclasses.replace(profile, time_budget_s=float(config.time_budget_s))
@@ -402,7 +409,7 @@ def _train_finalists(
             break
     chosen = alive[0] if rungs else 0
     best = models.get(chosen)
-    rest = search_config.final_epochs - (best.metrics["final_epochs"] if best else 0)
+    rest = search_config.resolved_final_epochs() - (best.metrics["final_epochs"] if best else 0)
     plateau = search_config.plateau()
     done = best is not None and plateau is not None and plateau([h["val_loss"] for h in best.history])
     if rest > 0 and best is not None and (cut or deadline.expired()):
@@ -412,7 +419,7 @@ def _train_finalists(
         seed = config.seed if best is None else derive_seed(config.seed, FINALIST_STREAM)
         best = run(best, result.finalists[chosen], rest, seed, deadline, plateau)
         m = best.metrics
-        cut = m["final_epochs"] < search_config.final_epochs and not m["plateau_stopped"]
+        cut = m["final_epochs"] < search_config.resolved_final_epochs() and not m["plateau_stopped"]
     assert best is not None
     if chosen not in rows:  # one finalist: no rung
         m = best.metrics
@@ -449,6 +456,7 @@ def _train_more(
     search_config = config.search
     init, optimizer = (before.module, before.optimizer) if before is not None else (None, None)
     done = before.metrics["final_epochs"] if before is not None else 0  # one schedule over all the parts
+    final_epochs = search_config.resolved_final_epochs()
     supernet = supernet_of(search_config)
     if before is None and supernet is not None and family_of_text(arch) is ELASTIC_FAMILY:
         init = extract(load_supernet(supernet), ElasticSpec.parse(arch))
@@ -458,7 +466,7 @@ def _train_more(
         unknown_output=config.unknown_output, precision=config.precision, stop=deadline.expired,
         track_val=search_config.plateau() is not None, plateau=plateau,
         prior_val=[h["val_loss"] for h in before.history] if before is not None and plateau else (),
-        schedule_span=(done, max(done + epochs, search_config.final_epochs)), **search_config.recipe(),
+        schedule_span=(done, max(done + epochs, final_epochs)), **search_config.recipe(),
     )  # fmt: skip
     if before is None:
         return trained
@@ -503,7 +511,7 @@ def _train_from_init(
         )
     cost = profile_model(weights.module, train_split.input_shape, batch_size=search_config.batch_size)
     problem = fits(cost, profile) or trains_in_time(
-        cost.flops, len(train_split), search_config.final_epochs, profile
+        cost.flops, len(train_split), search_config.resolved_final_epochs(), profile
     )
     if problem is not None:
         raise BudgetError(
@@ -514,7 +522,7 @@ def _train_from_init(
         weights.arch,
         train_split,
         val_split,
-        epochs=search_config.final_epochs,
+        epochs=search_config.resolved_final_epochs(),
         lr=search_config.lr,
         batch_size=search_config.batch_size,
         seed=config.seed,

@@ -10,6 +10,7 @@ from typing import Literal, get_args
 from common.errors import ConfigError
 from common.seeding import seeded
 from edge_sdk.arch import ArchSpec, build_model, parse_arch, with_num_classes
+from edge_sdk.augment import is_color
 from edge_sdk.chain import ChainSpec, Conv, Dense, Pool
 from edge_sdk.cvae import CVAEConfig, cvae_cost
 from edge_sdk.elastic import smallest
@@ -94,7 +95,11 @@ def resolve_role(
 ) -> str:
     """``classifier``, ``cvae`` or ``both``: an explicit role as given; ``auto`` -> ``cvae`` when the
     profile's role hint is cvae or the smallest classifier does not fit its budget, else ``both`` when
-    the CVAE of ``cvae`` (default: :class:`CVAEConfig`) fits too, else ``classifier``.
+    the images are one-channel and the CVAE of ``cvae`` (default: :class:`CVAEConfig`) fits too, else
+    ``classifier``. On color images (:func:`edge_sdk.augment.is_color`) a classifier device spends its
+    time on the classifier alone: the small MLP decoder draws color blobs that the teachers' vote mostly
+    rejects and that cost the global model accuracy (benchmarks/RESULTS.md), so the server's color
+    settings do not read them; ``both`` asks for one all the same.
 
     ``hosted``: this process is the device (`edge-sdk run`), so the toolkit's own memory counts too
     (:func:`edge_sdk.footprint.host_role`): ``auto`` steps down to a role whose runtime fits, and a role
@@ -114,6 +119,9 @@ def _auto_role(
 ) -> str:
     if profile.role == "cvae" or _classifier_fits(profile, input_shape, num_classes, search) is not None:
         return "cvae"
-    if _cvae_fits(profile, input_shape, num_classes, cvae or CVAEConfig()) is None:
+    if (
+        not is_color(input_shape)
+        and _cvae_fits(profile, input_shape, num_classes, cvae or CVAEConfig()) is None
+    ):
         return "both"
     return "classifier"

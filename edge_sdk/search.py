@@ -211,6 +211,7 @@ def search(
     """
     check_int("seed", seed, 0)
     strategy = _strategy(config.strategy)
+    config = config.for_input(train.input_shape)
     if not isinstance(config, strategy.config):
         raise ConfigError(f"config must be a {strategy.config.__name__}, got {type(config).__name__}")
     precision = resolve_precision(precision, device)

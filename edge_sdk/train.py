@@ -33,6 +33,7 @@ from edge_sdk.precision import autocast, check_precision, resolve_precision
 
 __all__ = [
     "TrainConfig",
+    "cosine_scheduler",
     "evaluate",
     "kd_loss",
     "kd_loss_logits",
@@ -227,13 +228,19 @@ def _scheduler(
     """The recipe's per-step schedule over this run's planned steps (None: a constant rate)."""
     if recipe.schedule == "constant":
         return None
-    for group in optimizer.param_groups:  # a continued run: the schedule's base is the first run's rate
-        group["lr"] = group.setdefault("initial_lr", group["lr"])
     per_epoch = batches_per_epoch(n, config.batch_size, lone_last="merge")
     before, total = config.schedule_span or (0, config.epochs)
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: cosine_factor(before * per_epoch + step, total * per_epoch)
-    )
+    return cosine_scheduler(optimizer, done=before * per_epoch, total=total * per_epoch)
+
+
+def cosine_scheduler(
+    optimizer: torch.optim.Optimizer, *, done: int, total: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """A cosine decay of ``optimizer``'s rate to 0 over ``total`` steps (stepped once a step), ``done`` of
+    them taken before: a continued run keeps the first run's base rate and its place in the schedule."""
+    for group in optimizer.param_groups:
+        group["lr"] = group.setdefault("initial_lr", group["lr"])
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_factor(done + step, total))
 
 
 @torch.inference_mode()

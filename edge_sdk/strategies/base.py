@@ -12,12 +12,29 @@ from typing import Any, ClassVar, TypeVar
 from common.checks import check_int, check_number, from_preset
 from common.errors import ConfigError, SpecError
 from edge_sdk.arch import parse_arch
-from edge_sdk.augment import Augment, Schedule, check_recipe
+from edge_sdk.augment import Augment, Schedule, check_recipe, resolve_recipe
 from edge_sdk.halving import plateaued
 
-__all__ = ["RECORD_DEFAULTS", "SHARED_PRESETS", "SearchConfig", "check_arch"]
+__all__ = [
+    "AUGMENTED_FINAL_EPOCHS",
+    "PLAIN_FINAL_EPOCHS",
+    "PLATEAU_PATIENCE",
+    "RECORD_DEFAULTS",
+    "SHARED_PRESETS",
+    "SearchConfig",
+    "check_arch",
+]
 
 _Config = TypeVar("_Config", bound="SearchConfig")  # not typing.Self (3.11+): the source stays 3.10-clean
+
+# What ``final_epochs`` and ``plateau_patience`` left as None become, from the recipe the input calls for
+# (:meth:`SearchConfig.for_input`). Augmented training sees every image in a new crop each epoch and needs
+# more passes before the augmentation pays (benchmarks/RESULTS.md, the color recipe's ablation); a
+# decaying learning rate brings the validation loss down at the schedule's end, so a curve that looks flat
+# half-way at a high rate is no reason to stop, and the plateau rule is off under it.
+PLAIN_FINAL_EPOCHS = 8
+AUGMENTED_FINAL_EPOCHS = 20
+PLATEAU_PATIENCE = 2
 
 # The presets' values of the shared fields (``fast`` = the defaults; ``paper`` = pFedZKD section 4.1.2).
 SHARED_PRESETS: dict[str, dict[str, Any]] = {
@@ -83,14 +100,17 @@ class SearchConfig:
 
     Attributes:
         epochs: epochs each candidate architecture trains for its fitness (the search's short training).
-        final_epochs: epochs the client trains the chosen architecture for after the search.
+        final_epochs: epochs the client trains the chosen architecture for after the search; none: from
+            the input's training recipe, more where it augments the images (augmented training needs
+            more passes before the augmentation pays).
         lr: Adam learning rate of the candidates' and the final training.
         batch_size: batch size of the candidates' and the final training (and of the memory estimate).
         max_train_samples: train each candidate on a seeded random subset this large (none: the whole
             split); a speed knob, fitness is still measured on the whole validation split.
         plateau_patience: the final training stops once its validation loss, measured after every
             epoch, has not fallen by more than the minimum improvement for this many epochs: epochs
-            after the curve flattened buy the device nothing. 0 trains every final epoch.
+            after the curve flattened buy the device nothing. 0 trains every final epoch; none: from
+            the recipe, off under a decaying learning rate (whose curve falls at the schedule's end).
         plateau_min_epochs: the fewest epochs of final training before the plateau rule may stop it.
         plateau_min_delta: the fall of the validation loss, as a share of its best so far, that still
             counts as progress for the plateau rule.
@@ -108,11 +128,11 @@ class SearchConfig:
     own_presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     epochs: int = 1
-    final_epochs: int = 8
+    final_epochs: int | None = None
     lr: float = 1e-3
     batch_size: int = 64
     max_train_samples: int | None = 2000
-    plateau_patience: int = 2
+    plateau_patience: int | None = None
     plateau_min_epochs: int = 4
     plateau_min_delta: float = 0.01
     augment: Augment = "auto"
@@ -123,9 +143,11 @@ class SearchConfig:
         if type(self) is SearchConfig:
             raise ConfigError("SearchConfig holds the shared options; build a strategy's config instead")
         check_int("epochs", self.epochs, 1)
-        check_int("final_epochs", self.final_epochs, 0)
+        if self.final_epochs is not None:
+            check_int("final_epochs", self.final_epochs, 0)
         check_int("batch_size", self.batch_size, 1)
-        check_int("plateau_patience", self.plateau_patience, 0)
+        if self.plateau_patience is not None:
+            check_int("plateau_patience", self.plateau_patience, 0)
         check_int("plateau_min_epochs", self.plateau_min_epochs, 1)
         check_number("plateau_min_delta", self.plateau_min_delta)
         if self.max_train_samples is not None:
@@ -134,6 +156,34 @@ class SearchConfig:
             raise ConfigError(f"lr must be a positive finite number, got {self.lr!r}")
         check_recipe(self.augment, self.schedule, self.weight_decay)
 
+    def for_input(self: _Config, input_shape: tuple[int, int, int]) -> _Config:
+        """This config with ``final_epochs`` and ``plateau_patience`` given for images of
+        ``input_shape`` (C, H, W): a None one takes what the input's recipe calls for (see
+        :data:`AUGMENTED_FINAL_EPOCHS`); given ones are kept. Where a config meets its data (the search,
+        a device run, a resume's key) it is resolved first, so what a report records is what ran."""
+        recipe = resolve_recipe(
+            input_shape, augment=self.augment, schedule=self.schedule, weight_decay=self.weight_decay
+        )
+        final_epochs, patience = self.final_epochs, self.plateau_patience
+        if final_epochs is None:
+            final_epochs = AUGMENTED_FINAL_EPOCHS if recipe.pad else PLAIN_FINAL_EPOCHS
+        if patience is None:
+            patience = 0 if recipe.schedule == "cosine" else PLATEAU_PATIENCE
+        return dataclasses.replace(self, final_epochs=final_epochs, plateau_patience=patience)
+
+    def resolved_final_epochs(self) -> int:
+        """``final_epochs``, given or resolved for the input by :meth:`for_input`."""
+        return self._given("final_epochs")
+
+    def _given(self, name: str) -> int:
+        value = getattr(self, name)
+        if value is None:
+            raise ConfigError(
+                f"{name} follows the input when None: resolve the config with for_input(input_shape) "
+                f"first, or give {name}"
+            )
+        return int(value)
+
     def recipe(self) -> dict[str, Any]:
         """The training recipe's options, as :class:`edge_sdk.train.TrainConfig` and
         :func:`edge_sdk.final_training.train_final` take them (resolved per input when training)."""
@@ -141,20 +191,21 @@ class SearchConfig:
 
     def finalist_epochs(self) -> int:
         """Epochs every finalist trains before all but the best stop (``final_epochs``: one finalist)."""
-        return self.final_epochs
+        return self.resolved_final_epochs()
 
     def final_training_epochs(self) -> int:
         """Epochs of final training the device pays for one finalist: its own and the shared ones of the
         others (the time budget screens candidates on this)."""
-        return self.final_epochs
+        return self.resolved_final_epochs()
 
     def plateau(self) -> Callable[[Sequence[float]], bool] | None:
         """The plateau rule of the final training over its validation losses so far (None: off)."""
-        if self.plateau_patience == 0:
+        patience = self._given("plateau_patience")
+        if patience == 0:
             return None
         return functools.partial(
             plateaued,
-            patience=self.plateau_patience,
+            patience=patience,
             min_epochs=self.plateau_min_epochs,
             min_delta=self.plateau_min_delta,
         )

@@ -102,12 +102,14 @@ class PSOConfig(SearchConfig):
 
     def finalist_epochs(self) -> int:
         """Epochs every finalist trains before all but the best stop (``final_epochs`` when one)."""
-        if self.finalists == 1 or self.final_epochs == 0:
-            return self.final_epochs
-        return min(self.final_epochs, max(1, round(self.finalist_share * self.final_epochs)))
+        final_epochs = self.resolved_final_epochs()
+        if self.finalists == 1 or final_epochs == 0:
+            return final_epochs
+        return min(final_epochs, max(1, round(self.finalist_share * final_epochs)))
 
     def final_training_epochs(self) -> int:
-        return schedule_epochs(self.finalists, self.finalist_epochs(), self.finalist_keep, self.final_epochs)
+        final_epochs = self.resolved_final_epochs()
+        return schedule_epochs(self.finalists, self.finalist_epochs(), self.finalist_keep, final_epochs)
 
     def rng_streams(self) -> int:
         return self.repeats

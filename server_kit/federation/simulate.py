@@ -1,7 +1,8 @@
 """A whole one-shot federation in one call: partition -> every client as a device -> aggregate -> evaluate.
 
 Each client's role follows its profile (``edge-sdk run --role auto``): classifier profiles search and
-train a classifier and, when it fits, a CVAE whose decoder they upload too (role ``both``); ``cvae``
+train a classifier and, on one-channel images where it fits, a CVAE whose decoder they upload too (role
+``both``; :func:`edge_sdk.roles.resolve_role` says why not on color images); ``cvae``
 profiles (FedMHO's constrained devices) train only the CVAE. Every decoder bundle goes to the server with
 the classifiers, where the default synthesis samples it.
 
@@ -149,7 +150,8 @@ class SimulateConfig:
     search: SearchConfig = field(default_factory=PSOConfig)
     cvae: CVAEConfig = field(default_factory=CVAEConfig)  # clients whose profile role is cvae (FedMHO)
     unknown_output: bool = False  # classifier clients train FedOV's "unknown" output
-    # classifier devices also train and upload a CVAE decoder where it fits (role auto -> both); False:
+    # classifier devices also train and upload a CVAE decoder where their role resolves to both (one-channel
+    # images, where it fits); False:
     # they upload their classifier alone (FedMHO's setting), constrained devices still train CVAEs
     decoders: bool = True
     # when every classifier client trains one architecture (strategy fixed), the server publishes initial

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +18,11 @@ from torch import Tensor, nn
 from common.checks import is_number
 from common.device import resolve_device
 from common.errors import ConfigError
-from common.loop import fit
+from common.loop import batches_per_epoch, fit
 from common.seeding import seeded
 from edge_sdk.augment import is_color
 from edge_sdk.precision import autocast, resolve_precision
-from edge_sdk.train import kd_loss
+from edge_sdk.train import cosine_scheduler, kd_loss
 
 __all__ = ["COLOR_EPOCHS", "PLAIN_EPOCHS", "DistillConfig", "distill", "random_shift"]
 
@@ -30,6 +31,7 @@ __all__ = ["COLOR_EPOCHS", "PLAIN_EPOCHS", "DistillConfig", "distill", "random_s
 # (benchmarks/RESULTS.md, "Speed" and "Color images, server side")
 PLAIN_EPOCHS = 10
 COLOR_EPOCHS = 30
+DISTILL_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +52,8 @@ class DistillConfig:
     # every image mirrored left-right with probability 1/2 (drawn per sample): a natural image keeps its
     # class under the flip, so the student sees twice the views of the same small set
     flip: bool = False
+    # the learning rate over the distillation: constant, or cosine (decaying to 0 by the last step)
+    schedule: Literal["constant", "cosine"] = "constant"
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -70,6 +74,8 @@ class DistillConfig:
             raise ConfigError(f"shift must be a fraction in [0, 0.5), got {self.shift!r}")
         if not isinstance(self.flip, bool):
             raise ConfigError(f"flip must be true or false, got {self.flip!r}")
+        if self.schedule not in DISTILL_SCHEDULES:
+            raise ConfigError(f"schedule must be one of {DISTILL_SCHEDULES}, got {self.schedule!r}")
 
     def for_images(self, input_shape: tuple[int, ...]) -> DistillConfig:
         """``epochs`` decided where None, by the images (:func:`edge_sdk.augment.is_color`)."""
@@ -78,11 +84,25 @@ class DistillConfig:
         return replace(self, epochs=COLOR_EPOCHS if is_color(input_shape) else PLAIN_EPOCHS)
 
     def to_dict(self) -> dict[str, object]:
-        """The fields; ``flip`` only when on, so reports made before it existed match on resume."""
+        """The fields; ``flip`` only when on and ``schedule`` only when not constant, so reports made
+        before they existed match on resume."""
         out = asdict(self)
         if not out["flip"]:
             del out["flip"]
+        if out["schedule"] == "constant":
+            del out["schedule"]
         return out
+
+
+def _scheduler(
+    optimizer: torch.optim.Optimizer, config: DistillConfig, n: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The resolved config's per-step schedule over the distillation (None: a constant rate)."""
+    if config.schedule == "constant":
+        return None
+    assert config.epochs is not None
+    steps = batches_per_epoch(n, config.batch_size, lone_last="drop") * config.epochs
+    return cosine_scheduler(optimizer, done=0, total=steps)
 
 
 def random_shift(x: Tensor, fraction: float, generator: torch.Generator) -> Tensor:
@@ -164,6 +184,7 @@ def distill(
             generator=gen,
             device=dev,
             lone_last="drop",  # BatchNorm cannot train on a batch of one
+            scheduler=_scheduler(optimizer, config, n),
             desc="distill",
             progress=progress,
         )

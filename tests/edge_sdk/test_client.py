@@ -106,10 +106,11 @@ def test_finalist_share_one_trains_every_finalist_fully(tmp_path: Path) -> None:
 
 
 def test_finalist_epochs_rule() -> None:
-    assert PSOConfig().finalist_epochs() == 2  # a quarter of 8
+    assert PSOConfig().for_input((1, 8, 8)).finalist_epochs() == 2  # a quarter of 8
+    assert PSOConfig().for_input((3, 32, 32)).finalist_epochs() == 5  # a quarter of 20
     assert PSOConfig(final_epochs=3).finalist_epochs() == 1
     assert PSOConfig(final_epochs=3, finalist_share=1.0).finalist_epochs() == 3
-    assert PSOConfig(finalists=1).finalist_epochs() == 8
+    assert PSOConfig(finalists=1, final_epochs=8).finalist_epochs() == 8
     assert PSOConfig(final_epochs=0).finalist_epochs() == 0
     for bad in (0.0, 1.5, True, "half"):
         with pytest.raises(ConfigError, match="finalist_share"):

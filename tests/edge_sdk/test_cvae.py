@@ -387,6 +387,10 @@ def test_auto_role() -> None:
     assert resolve_role("cvae", load_profile("laptop-cpu"), (1, 28, 28), 10, search) == "cvae"
     # a classifier profile uploads its decoder too when the CVAE also fits (the pi zero's 100 k params do not)
     assert resolve_role("auto", load_profile("laptop-cpu"), (1, 28, 28), 10, search) == "both"
+    # on color images a classifier device trains its classifier alone, unless asked for both
+    assert resolve_role("auto", load_profile("laptop-cpu"), (3, 32, 32), 10, search) == "classifier"
+    assert resolve_role("both", load_profile("laptop-cpu"), (3, 32, 32), 10, search) == "both"
+    assert resolve_role("auto", load_profile("wearable"), (3, 32, 32), 10, search) == "cvae"
     assert resolve_role("classifier", load_profile("laptop-cpu"), (1, 28, 28), 10, search) == "classifier"
     # A classifier-role profile too small for the cheapest chain the search can draw switches to cvae.
     tiny = DeviceProfile(name="tiny", memory_mb=64, gflops=1.0, max_flops=10_000, max_params=100_000)

@@ -18,6 +18,12 @@ from edge_sdk.data import load_dataset, split_train_val
 from edge_sdk.final_training import train_final
 from edge_sdk.halving import halving_rungs, plateaued, rank_finalists, schedule_epochs
 from edge_sdk.search import SearchResult
+from edge_sdk.strategies.base import (
+    AUGMENTED_FINAL_EPOCHS,
+    PLAIN_FINAL_EPOCHS,
+    PLATEAU_PATIENCE,
+    RECORD_DEFAULTS,
+)
 from edge_sdk.strategies.pso import PSOConfig
 
 
@@ -27,8 +33,9 @@ def test_halving_rungs_and_their_epochs() -> None:
     assert halving_rungs(8, 2, 0.5) == [(8, 1), (4, 1), (2, 1)]  # more rungs than epochs: one each
     assert halving_rungs(4, 5, 0.5) == [(4, 3), (2, 2)]
     assert halving_rungs(1, 2, 0.5) == [] and halving_rungs(3, 0, 0.5) == [(3, 0)]
-    # the default schedule trains fewer final epochs than the one-rung halving it replaced (3 x 2 + 6)
-    assert schedule_epochs(3, 2, 0.5, 8) == 3 + 2 + 6 == PSOConfig().final_training_epochs() < 12
+    # the grayscale default trains fewer final epochs than the one-rung halving it replaced (3 x 2 + 6)
+    gray = PSOConfig().for_input((1, 28, 28))
+    assert schedule_epochs(3, 2, 0.5, 8) == 3 + 2 + 6 == gray.final_training_epochs() < 12
     assert schedule_epochs(3, 2, 0.0, 8) == 12 and schedule_epochs(1, 8, 0.5, 8) == 8
     for bad in (1.0, -0.1, "half"):
         with pytest.raises(ConfigError, match="finalist_keep"):
@@ -86,7 +93,7 @@ def test_successive_halving_keeps_the_right_finalists(monkeypatch: pytest.Monkey
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(client, "_train_more", _fake_train_more(calls))
     result = SearchResult("pso", "a", 0.1, (), 0, 0, 0, 0.0, (("a", 0.1),), finalists=("a", "b", "c"))
-    config = ClientConfig(search=PSOConfig(plateau_patience=0), role="classifier")
+    config = ClientConfig(search=PSOConfig(final_epochs=8, plateau_patience=0), role="classifier")
     # 10,000 validation images: a standard error of 0.2 points, no near ties
     best, rows, cut = client._train_finalists(
         result,
@@ -105,6 +112,28 @@ def test_successive_halving_keeps_the_right_finalists(monkeypatch: pytest.Monkey
     ]
     assert best.arch == "a" and rows[0]["final_epochs"] == 8 and rows[0]["final_val_accuracy"] == 0.97
     assert not cut and sum(epochs for _, epochs in calls) == 11
+
+
+def test_final_epochs_and_plateau_follow_the_recipe() -> None:
+    gray, color = (1, 28, 28), (3, 32, 32)
+    plain = PSOConfig().for_input(gray)
+    assert (plain.final_epochs, plain.plateau_patience) == (PLAIN_FINAL_EPOCHS, PLATEAU_PATIENCE)
+    # a grayscale run records what it did before the rule existed, so its resume keys still match
+    assert plain.to_dict() == RECORD_DEFAULTS
+    rich = PSOConfig().for_input(color)  # crop-flip and a cosine rate: more epochs, no plateau stop
+    assert (rich.final_epochs, rich.plateau_patience) == (AUGMENTED_FINAL_EPOCHS, 0)
+    assert AUGMENTED_FINAL_EPOCHS > PLAIN_FINAL_EPOCHS
+    # the recipe decides, not the channel count; given values are kept
+    flat = PSOConfig(augment="none", schedule="constant").for_input(color)
+    assert (flat.final_epochs, flat.plateau_patience) == (PLAIN_FINAL_EPOCHS, PLATEAU_PATIENCE)
+    cropped = PSOConfig(augment="crop-flip").for_input(gray)
+    assert (cropped.final_epochs, cropped.plateau_patience) == (AUGMENTED_FINAL_EPOCHS, PLATEAU_PATIENCE)
+    given = PSOConfig(final_epochs=5, plateau_patience=3).for_input(color)
+    assert (given.final_epochs, given.plateau_patience) == (5, 3)
+    with pytest.raises(ConfigError, match="for_input"):
+        PSOConfig().final_training_epochs()
+    with pytest.raises(ConfigError, match="for_input"):
+        PSOConfig(final_epochs=8).plateau()
 
 
 def test_plateau_stops_at_the_right_epoch() -> None:

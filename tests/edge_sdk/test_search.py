@@ -367,7 +367,8 @@ def test_training_time_is_part_of_the_budget(digits, trained_specs) -> None:  # 
     than half its time budget is rejected before any training, with the estimate in the message."""
     train, val = digits
     config = _fast(max_train_samples=100)
-    epochs = config.final_epochs + (config.finalists - 1) * config.finalist_epochs()
+    resolved = config.for_input(train.input_shape)
+    epochs = resolved.resolved_final_epochs() + (resolved.finalists - 1) * resolved.finalist_epochs()
     # 3 x FLOPs x 500 images x epochs / (1 GFLOP/s) <= 0.5 x budget admits models up to ~0.5 MFLOP
     budget = 2 * 3 * 500_000 * len(train) * epochs / 1e9
     profile = _profile(gflops=1.0, time_budget_s=budget)
@@ -447,12 +448,13 @@ def test_record_keeps_the_single_config_shape() -> None:
         "schedule": "auto",
         "weight_decay": None,
     }
-    assert PSOConfig().to_dict() == old_default
-    assert list(PSOConfig().to_dict()) == list(old_default)
-    fixed = FixedConfig(fixed_arch="C8k3-P-F10", final_epochs=1).to_dict()
+    gray = (1, 28, 28)  # resolved for grayscale input, the input of every run before #31
+    assert PSOConfig().for_input(gray).to_dict() == old_default
+    assert list(PSOConfig().for_input(gray).to_dict()) == list(old_default)
+    fixed = FixedConfig(fixed_arch="C8k3-P-F10", final_epochs=1).for_input(gray).to_dict()
     assert fixed == old_default | {"strategy": "fixed", "fixed_arch": "C8k3-P-F10", "final_epochs": 1}
     for strategy in STRATEGIES.values():  # every field's default is the old default
-        assert strategy.config.preset("fast").to_dict() == old_default | {
+        assert strategy.config.preset("fast").for_input(gray).to_dict() == old_default | {
             "strategy": strategy.config.strategy
         }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -85,6 +87,28 @@ def test_distill_is_deterministic_and_leaves_global_rng_alone(views):
     assert any(not torch.equal(sa[k], sc[k]) for k in sa)
 
 
+def test_cosine_schedule_ends_at_a_zero_rate_and_constant_is_the_default():
+    x = images(40, seed=4)
+    targets = consensus(teachers(), x, tau=4.0)
+    rates = []
+    original = torch.optim.Adam.step
+
+    def step(self, *args, **kwargs):  # type: ignore[no-untyped-def]  # the rate of every step taken
+        rates.append(self.param_groups[0]["lr"])
+        return original(self, *args, **kwargs)
+
+    student = model("C8k3-P-F16-F3", seed=5)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.optim.Adam, "step", step)
+        distill(student, x, targets, config=DistillConfig(epochs=3, batch_size=16, schedule="cosine"), seed=0)
+        cosine, rates[:] = list(rates), []
+        distill(student, x, targets, config=DistillConfig(epochs=3, batch_size=16), seed=0)
+    # 40 images in batches of 16: 2 full batches and a lone 8 kept (2 or more), 3 steps an epoch
+    assert len(cosine) == 9 and cosine[0] == pytest.approx(1e-3)
+    assert all(a > b for a, b in itertools.pairwise(cosine)) and cosine[-1] < 0.05 * cosine[0]
+    assert rates == [1e-3] * 9 and DistillConfig(epochs=1).to_dict().get("schedule") is None
+
+
 def test_distill_validation():
     x = images(8)
     student = model("C4k3-P-F3", 0)
@@ -105,6 +129,7 @@ def test_distill_validation():
         ({"lr": -1.0}, "lr"),
         ({"tau": 0}, "tau"),
         ({"flip": "yes"}, "flip"),
+        ({"schedule": "auto"}, "schedule"),
     ],
 )
 def test_distill_config_validation(overrides, match):

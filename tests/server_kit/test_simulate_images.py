@@ -70,7 +70,8 @@ def test_a_colour_folder_federates_end_to_end(federation):
 
 def test_a_colour_federation_runs_the_colour_defaults(tmp_path):
     """Left to itself, the server decides its auto settings by the images' three channels (the residual
-    student, the inversion's moves, 30 epochs, no decoder samples) and its report says which ran."""
+    student, the inversion's moves, 30 epochs, no decoder samples) and its report says which ran; the
+    classifier devices upload no decoder on color images, and the device's epochs follow its recipe."""
     make_photos(tmp_path / "photos", train=10, test=4)
     argv = [
         "simulate", "--dataset", "folder", "--data-root", str(tmp_path / "photos"), "--image-size", "8",
@@ -87,7 +88,9 @@ def test_a_colour_federation_runs_the_colour_defaults(tmp_path):
         True,
         30,
     )
-    assert any((tmp_path / "sim" / "clients").glob("*.decoder.bundle"))  # uploaded, left unread
+    assert not any((tmp_path / "sim" / "clients").glob("*.decoder.bundle"))
+    client = json.loads((tmp_path / "sim" / "clients" / "client_00.bundle.report.json").read_text())
+    assert client["role"] == "classifier" and client["config"]["search"]["plateau_patience"] == 0
 
 
 def test_image_size_is_refused_where_it_does_not_apply(tmp_path, capsys):
