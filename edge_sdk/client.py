@@ -383,6 +383,7 @@ def _train_finalists(
     ones) and whether ``deadline`` cut the training (a training stops after the epoch during which it
     passed; a finalist not started by then is skipped)."""
     search_config = config.search
+    final_epochs = search_config.resolved_final_epochs()
     keep = float(getattr(search_config, "finalist_keep", 0.0))
     rungs = halving_rungs(len(result.finalists), search_config.finalist_epochs(), keep)
     run = functools.partial(_train_more, train_split, val_split, config)
@@ -409,7 +410,7 @@ def _train_finalists(
             break
     chosen = alive[0] if rungs else 0
     best = models.get(chosen)
-    rest = search_config.resolved_final_epochs() - (best.metrics["final_epochs"] if best else 0)
+    rest = final_epochs - (best.metrics["final_epochs"] if best else 0)
     plateau = search_config.plateau()
     done = best is not None and plateau is not None and plateau([h["val_loss"] for h in best.history])
     if rest > 0 and best is not None and (cut or deadline.expired()):
@@ -419,7 +420,7 @@ def _train_finalists(
         seed = config.seed if best is None else derive_seed(config.seed, FINALIST_STREAM)
         best = run(best, result.finalists[chosen], rest, seed, deadline, plateau)
         m = best.metrics
-        cut = m["final_epochs"] < search_config.resolved_final_epochs() and not m["plateau_stopped"]
+        cut = m["final_epochs"] < final_epochs and not m["plateau_stopped"]
     assert best is not None
     if chosen not in rows:  # one finalist: no rung
         m = best.metrics

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,8 @@ __all__ = ["COLOR_EPOCHS", "PLAIN_EPOCHS", "DistillConfig", "distill", "random_s
 # (benchmarks/RESULTS.md, "Speed" and "Color images, server side")
 PLAIN_EPOCHS = 10
 COLOR_EPOCHS = 30
-DISTILL_SCHEDULES = ("constant", "cosine")
+DistillSchedule = Literal["constant", "cosine"]
+DISTILL_SCHEDULES: tuple[str, ...] = get_args(DistillSchedule)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +54,7 @@ class DistillConfig:
     # class under the flip, so the student sees twice the views of the same small set
     flip: bool = False
     # the learning rate over the distillation: constant, or cosine (decaying to 0 by the last step)
-    schedule: Literal["constant", "cosine"] = "constant"
+    schedule: DistillSchedule = "constant"
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
