@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from common.errors import SpecError
-from edge_sdk import elastic
-from edge_sdk.arch import ArchSpec, family_of
 from edge_sdk.data import ArrayDataset
+from edge_sdk.models.arch import ArchSpec, family_of
+from edge_sdk.models.elastic import spec as elastic
 from edge_sdk.train import evaluate, to_float
 
 __all__ = ["recalibrate_bn", "supernet_proxy"]

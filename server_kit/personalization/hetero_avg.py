@@ -1,7 +1,7 @@
 """heteroFedAvg (HAPFNAS section 4.3): average every supernet weight over the clients whose subnet holds it.
 
 Clients searched their architectures in one elastic space, so each client model is a slice of the
-supernet (:func:`edge_sdk.elastic.subnet_slices`). Every weight element v of the supernet becomes
+supernet (:func:`edge_sdk.models.elastic.spec.subnet_slices`). Every weight element v of the supernet becomes
 sum_{i in S_v} |D_i| v_i / sum_{j in S_v} |D_j| over the set S_v of clients whose subnet contains v
 (``num_examples`` from the bundles); elements no client holds keep the supernet's value. Each client
 then gets its own subnet cut from the aggregated supernet. BatchNorm running statistics follow the
@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from common.errors import BundleError, ConfigError
-from edge_sdk.arch import family_of_text
 from edge_sdk.data import deploy_metadata_for
-from edge_sdk.elastic import (
+from edge_sdk.models.arch import family_of_text
+from edge_sdk.models.elastic.spec import (
     ELASTIC_FAMILY,
     ElasticSpec,
     SuperNet,

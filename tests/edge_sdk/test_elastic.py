@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from common.errors import BundleError, SpecError
-from edge_sdk.arch import build_model, parse_arch
-from edge_sdk.elastic import (
+from edge_sdk.models.arch import build_model, parse_arch
+from edge_sdk.models.elastic.spec import (
     SPACE,
     ElasticSpec,
     SuperNet,

@@ -1,5 +1,5 @@
 """The elastic MobileNetV3-like space of HAPFNAS as a search space: the spec maths is
-:mod:`edge_sdk.elastic`'s; this adapter gives it the :class:`~edge_sdk.spaces.registry.SearchSpace`
+:mod:`edge_sdk.models.elastic.spec`'s; this adapter gives it the :class:`~edge_sdk.models.spaces.SearchSpace`
 interface (the elastic operators need neither the input shape nor the class count: a subnet's stem and
 head follow the supernet)."""
 
@@ -9,15 +9,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_sdk import elastic
-from edge_sdk.arch import ArchSpec
+from edge_sdk.models.arch import ArchSpec
+from edge_sdk.models.elastic import spec as elastic
 
 __all__ = ["ElasticSpace"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ElasticSpace:
-    """Subnets of a supernet (:class:`edge_sdk.elastic.ElasticSpec`)."""
+    """Subnets of a supernet (:class:`edge_sdk.models.elastic.spec.ElasticSpec`)."""
 
     name: str = "elastic"
 

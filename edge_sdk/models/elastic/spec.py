@@ -14,7 +14,8 @@ blocks. :data:`SPACE` fixes the choices: stem width, per-stage widths, depths an
 channels, centre-cropped depthwise kernels, BatchNorm statistics of the leading channels), and
 :func:`extract` copies those slices into a static :class:`ElasticNet` that computes the same function and
 exports to ONNX like every other model. ``build_model("mbv3:...")`` builds the same static network,
-freshly initialised (:data:`ELASTIC_FAMILY`, the ``elastic`` family of :mod:`edge_sdk.arch`'s registry).
+freshly initialised (:data:`ELASTIC_FAMILY`, the ``elastic`` family of :mod:`edge_sdk.models.arch`'s
+registry).
 """
 
 from __future__ import annotations
@@ -408,7 +409,7 @@ def cost_of(spec: ElasticSpec, input_shape: tuple[int, int, int], num_classes: i
 
 
 class ElasticFamily:
-    """The elastic family for :mod:`edge_sdk.arch`'s registry: ``mbv3:...``, JSON kind ``elastic``."""
+    """The elastic family for :mod:`edge_sdk.models.arch`'s registry: ``mbv3:...``, JSON kind ``elastic``."""
 
     name = "elastic"
     prefix = PREFIX

@@ -9,9 +9,9 @@ from typing import Protocol
 import numpy as np
 
 from common.errors import ConfigError
-from edge_sdk.arch import ArchSpec
-from edge_sdk.spaces.chain import ChainSpace
-from edge_sdk.spaces.elastic import ElasticSpace
+from edge_sdk.models.arch import ArchSpec
+from edge_sdk.models.chain.space import ChainSpace
+from edge_sdk.models.elastic.space import ElasticSpace
 
 __all__ = ["SPACES", "SearchSpace", "get_space"]
 

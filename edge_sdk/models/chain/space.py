@@ -16,9 +16,9 @@ import numpy as np
 
 from common.checks import check_int
 from common.errors import ConfigError
-from edge_sdk.arch import ArchSpec
 from edge_sdk.augment import COLOR_CHANNELS
-from edge_sdk.chain import (
+from edge_sdk.models.arch import ArchSpec
+from edge_sdk.models.chain.spec import (
     MAX_CHANNELS,
     MAX_DEPTH,
     MAX_KERNEL,
@@ -166,7 +166,7 @@ def align(
 
 @dataclass(frozen=True, kw_only=True)
 class ChainSpace:
-    """The chain space as a :class:`~edge_sdk.spaces.registry.SearchSpace`: chains up to ``max_depth``
+    """The chain space as a :class:`~edge_sdk.models.spaces.SearchSpace`: chains up to ``max_depth``
     modules; mutation and crossover are repaired by :func:`align`, so every child is valid."""
 
     max_depth: int = DEFAULT_MAX_DEPTH

@@ -14,7 +14,7 @@ classification head and has ``num_classes`` units. Rules: the first module is C 
 ends with at least one F, no C, R or P after the first F, depth 3..20, at most 128 channels, kernel at
 most 7, hidden F at most 300 units, and no pooling may shrink the feature map below 1x1.
 
-The chain is the family of unprefixed strings in :mod:`edge_sdk.arch`'s registry, and the only family
+The chain is the family of unprefixed strings in :mod:`edge_sdk.models.arch`'s registry, and the only family
 whose head is part of the spec (:meth:`ChainSpec.with_num_classes` resizes it to a task).
 """
 
@@ -334,7 +334,8 @@ class ChainNet(nn.Module):
 
 
 class ChainFamily:
-    """The chain family for :mod:`edge_sdk.arch`'s registry: unprefixed strings, JSON kind ``chain``."""
+    """The chain family for :mod:`edge_sdk.models.arch`'s registry: unprefixed strings, JSON kind
+    ``chain``."""
 
     name = "chain"
     prefix = None  # the registry's default: any string no other family claims
