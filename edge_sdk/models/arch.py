@@ -27,7 +27,8 @@ from torch import nn
 
 from common.checks import load_json
 from common.errors import SpecError
-from edge_sdk.models.chain.spec import CHAIN_FAMILY, ChainSpec
+from edge_sdk.models.chain.network import CHAIN_FAMILY
+from edge_sdk.models.chain.spec import ChainSpec
 from edge_sdk.models.elastic.spec import ELASTIC_FAMILY, ElasticSpec
 from edge_sdk.models.zoo import ZOO_FAMILY, ZooSpec
 

@@ -19,8 +19,9 @@ from common.checks import check_int, is_number
 from common.errors import ConfigError, SpecError
 from edge_sdk.halving import schedule_epochs
 from edge_sdk.models.arch import family_of, parse_arch
+from edge_sdk.models.chain.network import CHAIN_FAMILY
 from edge_sdk.models.chain.space import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth, narrow
-from edge_sdk.models.chain.spec import CHAIN_FAMILY, MAX_DEPTH, ChainSpec, Layer
+from edge_sdk.models.chain.spec import MAX_DEPTH, ChainSpec, Layer
 from edge_sdk.strategies.base import SearchConfig, check_arch
 from edge_sdk.strategies.evaluator import Evaluation, Evaluator, Found
 
