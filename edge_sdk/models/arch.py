@@ -29,7 +29,8 @@ from common.checks import load_json
 from common.errors import SpecError
 from edge_sdk.models.chain.network import CHAIN_FAMILY
 from edge_sdk.models.chain.spec import ChainSpec
-from edge_sdk.models.elastic.spec import ELASTIC_FAMILY, ElasticSpec
+from edge_sdk.models.elastic.network import ELASTIC_FAMILY
+from edge_sdk.models.elastic.spec import ElasticSpec
 from edge_sdk.models.zoo import ZOO_FAMILY, ZooSpec
 
 __all__ = [

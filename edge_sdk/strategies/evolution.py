@@ -31,7 +31,7 @@ from edge_sdk.models.arch import ArchSpec
 from edge_sdk.models.chain.space import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth
 from edge_sdk.models.chain.spec import MAX_DEPTH
 from edge_sdk.models.elastic.space import ElasticSpace
-from edge_sdk.models.elastic.spec import load_supernet
+from edge_sdk.models.elastic.supernet_file import load_supernet
 from edge_sdk.models.spaces import SearchSpace
 from edge_sdk.strategies.base import SearchConfig
 from edge_sdk.strategies.evaluator import Evaluator, Found

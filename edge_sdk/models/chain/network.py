@@ -10,12 +10,7 @@ from torch import nn
 from edge_sdk.data import PIXEL_MEAN, PIXEL_STD
 from edge_sdk.models.chain.spec import ChainSpec, Conv, Dense, Pool, Residual
 
-__all__ = [
-    "CHAIN_FAMILY",
-    "ChainFamily",
-    "ChainNet",
-    "ResidualBlock",
-]
+__all__ = ["CHAIN_FAMILY", "ChainFamily", "ChainNet", "ResidualBlock"]
 
 DROPOUT = 0.3
 
