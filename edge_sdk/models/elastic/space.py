@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_sdk.models.arch import ArchSpec
 from edge_sdk.models.elastic.spec import EXPANDS, KERNELS, SPACE, ElasticSpec
 
 __all__ = ["ElasticSpace", "crossover", "encode", "mutate", "sample_elastic"]
@@ -91,17 +90,17 @@ class ElasticSpace:
         return sample_elastic(rng)
 
     def mutate(
-        self, spec: ArchSpec, rng: np.random.Generator, input_shape: tuple[int, int, int]
+        self, spec: ElasticSpec, rng: np.random.Generator, input_shape: tuple[int, int, int]
     ) -> ElasticSpec:
         assert isinstance(spec, ElasticSpec)
         return mutate(spec, rng)
 
     def crossover(
-        self, a: ArchSpec, b: ArchSpec, rng: np.random.Generator, input_shape: tuple[int, int, int]
+        self, a: ElasticSpec, b: ElasticSpec, rng: np.random.Generator, input_shape: tuple[int, int, int]
     ) -> ElasticSpec:
         assert isinstance(a, ElasticSpec) and isinstance(b, ElasticSpec)
         return crossover(a, b, rng)
 
-    def encode(self, spec: ArchSpec) -> np.ndarray:
+    def encode(self, spec: ElasticSpec) -> np.ndarray:
         assert isinstance(spec, ElasticSpec)
         return encode(spec)
