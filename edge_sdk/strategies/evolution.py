@@ -1,4 +1,4 @@
-"""Predictor-guided evolution (HAPFNAS Algorithm 2) over a search space (:mod:`edge_sdk.spaces`).
+"""Predictor-guided evolution (HAPFNAS Algorithm 2) over a search space (:mod:`edge_sdk.models.spaces`).
 
 Cost and budget screening go through the shared evaluator, so every space obeys the same device budget.
 
