@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edge_sdk.arch import build_model
 from edge_sdk.data import deploy_metadata_for, load_dataset
 from edge_sdk.deploy import TARGETS, DeployConfig, deploy
+from edge_sdk.models.arch import build_model
 from edge_sdk.train import TrainConfig, to_float, train
 from export.onnx_export import export_onnx, onnx_session
 

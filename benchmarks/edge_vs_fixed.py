@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_sdk.arch import build_model
 from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.data import ArrayDataset, client_name, load_client_data, split_train_val
 from edge_sdk.final_training import train_final
+from edge_sdk.models.arch import build_model
+from edge_sdk.models.zoo import CNN1
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.search import build_search_config
-from edge_sdk.zoo import CNN1
 from export.atomic import atomic_write_json
 from export.bundle import read_bundle
 from export.onnx_export import export_onnx

@@ -30,8 +30,11 @@ from edge_vs_fixed import client_test_set
 
 from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.data import client_name, load_client_data, split_train_val
-from edge_sdk.elastic import cost_of, encode, extract, largest, load_supernet, sample_elastic, smallest
 from edge_sdk.final_training import train_final
+from edge_sdk.models.elastic.space import encode, sample_elastic
+from edge_sdk.models.elastic.spec import cost_of, largest, smallest
+from edge_sdk.models.elastic.supernet import extract
+from edge_sdk.models.elastic.supernet_file import load_supernet
 from edge_sdk.strategies.evolution import EvolutionConfig
 from edge_sdk.strategies.predictor import predictor, rank_correlation
 from edge_sdk.strategies.supernet_proxy import recalibrate_bn, supernet_proxy

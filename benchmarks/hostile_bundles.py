@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 from common.seeding import seeded
-from edge_sdk.arch import build_model
 from edge_sdk.artifacts import TrainedCVAE, bundle_cvae
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import ArrayDataset, client_name, load_client_data, split_train_val
 from edge_sdk.final_training import train_cvae_final
+from edge_sdk.models.arch import build_model
 from edge_sdk.train import TrainConfig, train
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_onnx

@@ -42,8 +42,8 @@ def prepare(args: argparse.Namespace) -> None:
     import torch
 
     from common.errors import ExportError
-    from edge_sdk.arch import build_model, parse_arch
     from edge_sdk.data import load_dataset
+    from edge_sdk.models.arch import build_model, parse_arch
     from edge_sdk.train import TrainConfig, to_float, train
     from export.onnx_export import export_onnx, read_metadata
     from export.quantize import QUANTIZATION_KEY, SCHEMES, quantize_int8

@@ -163,7 +163,7 @@ def _windows(
 
 
 def _arch_flops(arch: str, input_shape: tuple[int, int, int]) -> int:
-    from edge_sdk.arch import parse_arch
+    from edge_sdk.models.arch import parse_arch
 
     return int(parse_arch(arch).cost(input_shape)[0])
 

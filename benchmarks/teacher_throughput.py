@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from edge_sdk.arch import build_model
 from edge_sdk.data import ArrayDataset
+from edge_sdk.models.arch import build_model
 from edge_sdk.train import TrainConfig, train
 from export.atomic import atomic_write_json
 from export.bundle import read_bundle

@@ -12,9 +12,9 @@ import torch
 
 from common.errors import BudgetError, ConfigError
 from edge_sdk import __version__
-from edge_sdk.arch import build_model
 from edge_sdk.cvae import CVAE
 from edge_sdk.data import deploy_metadata_for
+from edge_sdk.models.arch import build_model
 from edge_sdk.profiling import fits, profile_model
 from export.atomic import atomic_write_bytes
 from export.bundle import Bundle, write_bundle

@@ -49,14 +49,17 @@ from common.errors import BudgetError, ConfigError
 from common.seeding import derive_seed
 from common.timing import Clock, Deadline, timed
 from edge_sdk import __version__
-from edge_sdk.arch import family_of_text, parse_arch, with_num_classes
 from edge_sdk.artifacts import TrainedModel, bundle_cvae, bundle_model, decoder_bundle_path
 from edge_sdk.curves import curve_records
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import ArrayDataset, data_sha256, split_train_val
-from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec, extract, load_supernet
 from edge_sdk.final_training import train_cvae_final, train_final
 from edge_sdk.halving import halving_rungs, rank_finalists
+from edge_sdk.models.arch import family_of_text, parse_arch, with_num_classes
+from edge_sdk.models.elastic.network import ELASTIC_FAMILY
+from edge_sdk.models.elastic.spec import ElasticSpec
+from edge_sdk.models.elastic.supernet import extract
+from edge_sdk.models.elastic.supernet_file import load_supernet
 from edge_sdk.plan import actual_flops, compare, plan_flops, plan_line
 from edge_sdk.precision import Precision, check_precision, resolve_precision
 from edge_sdk.profiling import FINAL_TRAINING_SHARE, fits, profile_model, trains_in_time

@@ -13,10 +13,10 @@ import torch
 from common.device import resolve_device
 from common.errors import BudgetError, ConfigError
 from common.seeding import seeded
-from edge_sdk.arch import ArchSpec, build_model, parse_arch
 from edge_sdk.artifacts import TrainedCVAE, TrainedModel
 from edge_sdk.cvae import CVAEConfig, cvae_cost, evaluate_cvae, fit_width, train_cvae
 from edge_sdk.data import ArrayDataset
+from edge_sdk.models.arch import ArchSpec, build_model, parse_arch
 from edge_sdk.profiling import fits, profile_model
 from edge_sdk.train import TrainConfig, evaluate, make_optimizer, to_float, train
 from profiles import DeviceProfile

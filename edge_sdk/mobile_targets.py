@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from common.errors import ExportError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from export.metadata import DEPLOY_KEYS
 from export.weights import initializer_state_dict
 

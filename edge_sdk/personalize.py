@@ -50,10 +50,10 @@ from common.loop import fit_terms, step
 from common.seeding import seeded
 from common.timing import timed
 from common.torch_utils import frozen
-from edge_sdk.arch import build_model
 from edge_sdk.curves import curve_records
 from edge_sdk.cvae import build_cvae
 from edge_sdk.data import ArrayDataset, deploy_metadata_for, split_train_val
+from edge_sdk.models.arch import build_model
 from edge_sdk.train import evaluate, kd_loss_logits, to_float
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from edge_sdk.arch import analytic_cost, parse_arch, with_num_classes
 from edge_sdk.cvae import CVAEConfig, cvae_cost, fit_width
+from edge_sdk.models.arch import analytic_cost, parse_arch, with_num_classes
 from edge_sdk.profiling import TRAIN_FLOP_FACTOR
 from edge_sdk.strategies.base import SearchConfig
 from profiles import DeviceProfile

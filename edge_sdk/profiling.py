@@ -1,8 +1,8 @@
 """Model cost (FLOPs, parameters, memory) and device measurement.
 
 FLOPs follow ``torch.utils.flop_counter.FlopCounterMode``: 2 x MACs, convolutions and matrix products only,
-per sample at batch 1. That is the convention of :meth:`edge_sdk.chain.ChainSpec.cost` and of the device
-profiles' ``max_flops``, so an analytic screen, a measured count and a budget compare directly.
+per sample at batch 1. That is the convention of :meth:`edge_sdk.models.chain.spec.ChainSpec.cost` and of the
+device profiles' ``max_flops``, so an analytic screen, a measured count and a budget compare directly.
 
 Memory is estimated, not read from the allocator (CPU allocators do not report per-model peaks):
 

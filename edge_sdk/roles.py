@@ -9,19 +9,19 @@ from typing import Literal, get_args
 
 from common.errors import ConfigError
 from common.seeding import seeded
-from edge_sdk.arch import ArchSpec, build_model, parse_arch, with_num_classes
 from edge_sdk.augment import is_color
-from edge_sdk.chain import ChainSpec, Conv, Dense, Pool
 from edge_sdk.cvae import CVAEConfig, cvae_cost
-from edge_sdk.elastic import smallest
 from edge_sdk.footprint import host_role
+from edge_sdk.models.arch import ArchSpec, build_model, parse_arch, with_num_classes
+from edge_sdk.models.chain.space import CHANNELS, DEFAULT_MAX_DEPTH, KERNELS
+from edge_sdk.models.chain.spec import ChainSpec, Conv, Dense, Pool
+from edge_sdk.models.elastic.spec import smallest
+from edge_sdk.models.zoo import RANDOM_POOL
 from edge_sdk.profiling import fits, profile_model
-from edge_sdk.spaces.chain import CHANNELS, DEFAULT_MAX_DEPTH, KERNELS
 from edge_sdk.strategies.base import SearchConfig
 from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.evolution import EvolutionConfig, supernet_of
 from edge_sdk.strategies.pso import PSOConfig
-from edge_sdk.zoo import RANDOM_POOL
 from profiles import DeviceProfile
 
 __all__ = ["CLIENT_ROLES", "resolve_role", "smallest_classifier"]

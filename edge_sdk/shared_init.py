@@ -29,7 +29,7 @@ from common.checks import check_input_shape, check_int, load_json, read_regular_
 from common.errors import BundleError, ConfigError, ExportError, SpecError
 from common.seeding import seeded
 from edge_sdk import __version__
-from edge_sdk.arch import build_model, parse_arch, with_num_classes
+from edge_sdk.models.arch import build_model, parse_arch, with_num_classes
 from export.atomic import atomic_write_bytes
 from export.onnx_check import check_classifier_onnx
 from export.onnx_export import export_onnx, read_metadata

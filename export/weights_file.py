@@ -7,7 +7,8 @@ flat header + raw buffers). ``sha256`` covers the whole map but itself
 (:func:`export.wire.canonical_sha256`), so the manifest is protected like the tensors; schema 1 hashed
 the tensors only and is refused (no schema-1 file was ever kept: write it again with ``server-kit
 supernet``). What a manifest value means (its bounds) is checked by the reader of that kind, e.g.
-:func:`edge_sdk.elastic.load_supernet`; here only its shape: str -> scalar or list of ints.
+:func:`edge_sdk.models.elastic.supernet_file.load_supernet`; here only its shape: str -> scalar or list of
+ints.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from common.checks import from_preset, is_number
 from common.configs import config_from_dict
 from common.device import check_device, resolve_device
 from common.errors import ConfigError, SpecError
-from edge_sdk.arch import parse_arch
 from edge_sdk.augment import is_color
+from edge_sdk.models.arch import parse_arch
 from edge_sdk.precision import Precision, check_precision, resolve_precision
 from server_kit.labelling import CLAIM_CHECKS, LabelConfig, LabellingConfig
 from server_kit.synthesis import (

@@ -11,9 +11,9 @@ from typing import Any, ClassVar, TypeVar
 
 from common.checks import check_int, check_number, from_preset
 from common.errors import ConfigError, SpecError
-from edge_sdk.arch import parse_arch
 from edge_sdk.augment import Augment, Schedule, check_recipe, resolve_recipe
 from edge_sdk.halving import plateaued
+from edge_sdk.models.arch import parse_arch
 
 __all__ = [
     "AUGMENTED_FINAL_EPOCHS",
@@ -81,7 +81,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
 
 
 def check_arch(name: str, text: object) -> None:
-    """``text`` must parse as an architecture spec (:func:`edge_sdk.arch.parse_arch`)."""
+    """``text`` must parse as an architecture spec (:func:`edge_sdk.models.arch.parse_arch`)."""
     if not isinstance(text, str):
         raise ConfigError(f"{name} must be an architecture spec string, got {text!r}")
     try:

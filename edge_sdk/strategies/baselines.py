@@ -1,5 +1,5 @@
 """The two ablation strategies of pFedZKD: ``fixed`` (one given architecture, the homogeneous
-ablation) and ``random-pool`` (a seeded pick from :data:`edge_sdk.zoo.RANDOM_POOL` among the members
+ablation) and ``random-pool`` (a seeded pick from :data:`edge_sdk.models.zoo.RANDOM_POOL` among the members
 that fit the device, the random heterogeneous ablation)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import ClassVar
 import numpy as np
 
 from common.errors import BudgetError, SpecError
-from edge_sdk.arch import ArchSpec, parse_arch, problems, with_num_classes
+from edge_sdk.models.arch import ArchSpec, parse_arch, problems, with_num_classes
+from edge_sdk.models.zoo import RANDOM_POOL
 from edge_sdk.strategies.base import SearchConfig, check_arch
 from edge_sdk.strategies.evaluator import Evaluator, Found
-from edge_sdk.zoo import RANDOM_POOL
 
 __all__ = ["FixedConfig", "RandomPoolConfig", "run_fixed", "run_random_pool"]
 

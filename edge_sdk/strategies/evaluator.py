@@ -24,8 +24,8 @@ import torch
 from common.errors import BudgetError
 from common.seeding import seeded
 from common.timing import Deadline
-from edge_sdk.arch import ArchSpec, analytic_cost, build_model
 from edge_sdk.data import ArrayDataset
+from edge_sdk.models.arch import ArchSpec, analytic_cost, build_model
 from edge_sdk.profiling import (
     FINAL_TRAINING_SHARE,
     ModelProfile,

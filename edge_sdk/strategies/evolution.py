@@ -1,11 +1,11 @@
-"""Predictor-guided evolution (HAPFNAS Algorithm 2) over a search space (:mod:`edge_sdk.spaces`).
+"""Predictor-guided evolution (HAPFNAS Algorithm 2) over a search space (:mod:`edge_sdk.models.spaces`).
 
 Cost and budget screening go through the shared evaluator, so every space obeys the same device budget.
 
-* elastic space (:mod:`edge_sdk.spaces.elastic`) with a supernet: a candidate's fitness is the
+* elastic space (:mod:`edge_sdk.models.elastic.space`) with a supernet: a candidate's fitness is the
   validation cross-entropy of its subnet with inherited weights after BatchNorm recalibration on the
   local training split (:func:`~edge_sdk.strategies.supernet_proxy.supernet_proxy`): no training at all.
-* chain space (:mod:`edge_sdk.spaces.chain`, up to ``max_depth`` modules) without a supernet: the
+* chain space (:mod:`edge_sdk.models.chain.space`, up to ``max_depth`` modules) without a supernet: the
   fitness is the short training of PSO (candidate-epochs), so the two strategies can be compared at
   equal candidate-epochs.
 
@@ -27,12 +27,12 @@ import numpy as np
 
 from common.checks import check_int
 from common.errors import BudgetError, ConfigError
-from edge_sdk.arch import ArchSpec
-from edge_sdk.chain import MAX_DEPTH
-from edge_sdk.elastic import load_supernet
-from edge_sdk.spaces.chain import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth
-from edge_sdk.spaces.elastic import ElasticSpace
-from edge_sdk.spaces.registry import SearchSpace
+from edge_sdk.models.arch import ArchSpec
+from edge_sdk.models.chain.space import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth
+from edge_sdk.models.chain.spec import MAX_DEPTH
+from edge_sdk.models.elastic.space import ElasticSpace
+from edge_sdk.models.elastic.supernet_file import load_supernet
+from edge_sdk.models.spaces import SearchSpace
 from edge_sdk.strategies.base import SearchConfig
 from edge_sdk.strategies.evaluator import Evaluator, Found
 from edge_sdk.strategies.predictor import predictor, rank_correlation

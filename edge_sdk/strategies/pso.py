@@ -1,9 +1,9 @@
-"""PSO-FedNAS (pFedZKD, Algorithm 2): a swarm of chain specs (:mod:`edge_sdk.spaces.chain`).
+"""PSO-FedNAS (pFedZKD, Algorithm 2): a swarm of chain specs (:mod:`edge_sdk.models.chain.space`).
 
 Each candidate is trained a few epochs on the local training split; its fitness is the cross-entropy on
 the local validation split (lower is better). Every iteration, particle i draws a target layer by layer
 from the global best (probability ``cg``) or its personal best, then moves onto it with the alignment
-operator :func:`~edge_sdk.spaces.chain.align`. ``repeats`` independent swarms run and the best spec over
+operator :func:`~edge_sdk.models.chain.space.align`. ``repeats`` independent swarms run and the best spec over
 all of them wins; the client then trains the ``finalists`` best specs and keeps the most accurate.
 """
 
@@ -17,10 +17,11 @@ import numpy as np
 
 from common.checks import check_int, is_number
 from common.errors import ConfigError, SpecError
-from edge_sdk.arch import family_of, parse_arch
-from edge_sdk.chain import CHAIN_FAMILY, MAX_DEPTH, ChainSpec, Layer
 from edge_sdk.halving import schedule_epochs
-from edge_sdk.spaces.chain import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth, narrow
+from edge_sdk.models.arch import family_of, parse_arch
+from edge_sdk.models.chain.network import CHAIN_FAMILY
+from edge_sdk.models.chain.space import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth, narrow
+from edge_sdk.models.chain.spec import MAX_DEPTH, ChainSpec, Layer
 from edge_sdk.strategies.base import SearchConfig, check_arch
 from edge_sdk.strategies.evaluator import Evaluation, Evaluator, Found
 

@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 from common.errors import SpecError
-from edge_sdk import elastic
-from edge_sdk.arch import ArchSpec, family_of
 from edge_sdk.data import ArrayDataset
+from edge_sdk.models.arch import ArchSpec, family_of
+from edge_sdk.models.elastic.network import ELASTIC_FAMILY
+from edge_sdk.models.elastic.supernet import SuperNet, extract
 from edge_sdk.train import evaluate, to_float
 
 __all__ = ["recalibrate_bn", "supernet_proxy"]
@@ -40,14 +41,14 @@ def recalibrate_bn(
 
 
 def supernet_proxy(
-    supernet: elastic.SuperNet, train: ArrayDataset, val: ArrayDataset, *, batches: int = 8, seed: int = 0
+    supernet: SuperNet, train: ArrayDataset, val: ArrayDataset, *, batches: int = 8, seed: int = 0
 ) -> Callable[[ArchSpec], float]:
     """fitness(spec): validation cross-entropy of the extracted subnet, BN recalibrated on ``train``."""
 
     def fitness(spec: ArchSpec) -> float:
-        if family_of(spec) is not elastic.ELASTIC_FAMILY:
+        if family_of(spec) is not ELASTIC_FAMILY:
             raise SpecError(f"the supernet proxy scores subnets of the elastic space only, got {spec}")
-        model = elastic.extract(supernet, spec)
+        model = extract(supernet, spec)
         recalibrate_bn(model, train, batches=batches, seed=seed)
         return evaluate(model, val)[0]
 

@@ -1,8 +1,8 @@
 """heteroFedAvg (HAPFNAS section 4.3): average every supernet weight over the clients whose subnet holds it.
 
 Clients searched their architectures in one elastic space, so each client model is a slice of the
-supernet (:func:`edge_sdk.elastic.subnet_slices`). Every weight element v of the supernet becomes
-sum_{i in S_v} |D_i| v_i / sum_{j in S_v} |D_j| over the set S_v of clients whose subnet contains v
+supernet (:func:`edge_sdk.models.elastic.supernet.subnet_slices`). Every weight element v of the supernet
+becomes sum_{i in S_v} |D_i| v_i / sum_{j in S_v} |D_j| over the set S_v of clients whose subnet contains v
 (``num_examples`` from the bundles); elements no client holds keep the supernet's value. Each client
 then gets its own subnet cut from the aggregated supernet. BatchNorm running statistics follow the
 same rule; the step counters are not averaged.
@@ -17,17 +17,12 @@ from typing import Any
 import torch
 
 from common.errors import BundleError, ConfigError
-from edge_sdk.arch import family_of_text
 from edge_sdk.data import deploy_metadata_for
-from edge_sdk.elastic import (
-    ELASTIC_FAMILY,
-    ElasticSpec,
-    SuperNet,
-    extract,
-    load_supernet,
-    save_supernet,
-    subnet_slices,
-)
+from edge_sdk.models.arch import family_of_text
+from edge_sdk.models.elastic.network import ELASTIC_FAMILY
+from edge_sdk.models.elastic.spec import ElasticSpec
+from edge_sdk.models.elastic.supernet import SuperNet, extract, subnet_slices
+from edge_sdk.models.elastic.supernet_file import load_supernet, save_supernet
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.bundle import Bundle, client_names, read_bundle
 from export.onnx_export import export_onnx

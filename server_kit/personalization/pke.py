@@ -32,7 +32,7 @@ from common.errors import ConfigError, DataError
 from common.loop import fit_terms
 from common.seeding import seeded
 from common.timing import timed
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from export.atomic import atomic_write_json
 from export.bundle import client_names
 from export.onnx_export import read_metadata

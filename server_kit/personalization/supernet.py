@@ -5,7 +5,8 @@ the sandwich rule and inplace distillation (Eq. 6): every step, the largest subn
 mean logits, and the smallest plus ``random_subnets`` uniformly drawn subnets learn the largest subnet's
 (detached) output; KL at temperature ``tau`` (1.0 in the paper). We have no public data, so the inputs are
 the aggregation's synthetic set (``synthetic.npz``); a public unlabeled ``.npz`` can be given instead.
-The trained supernet is written with :func:`edge_sdk.elastic.save_supernet` (safetensors, no pickle).
+The trained supernet is written with :func:`edge_sdk.models.elastic.supernet_file.save_supernet`
+(safetensors, no pickle).
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from common.device import check_device, resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import step
 from common.seeding import seeded
-from edge_sdk.elastic import SuperNet, largest, sample_elastic, save_supernet, smallest
+from edge_sdk.models.elastic.space import sample_elastic
+from edge_sdk.models.elastic.spec import largest, smallest
+from edge_sdk.models.elastic.supernet import SuperNet
+from edge_sdk.models.elastic.supernet_file import save_supernet
 from edge_sdk.train import kd_loss_logits
 from export.atomic import atomic_write_json
 from server_kit.synthesis import SYNTHETIC_FILE, load_synthetic

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from common.errors import BundleError, ConfigError, ExportError, SpecError, TeacherError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from export.bundle import KINDS, Bundle, bundle_from_bytes, read_bundle
 from export.onnx_check import check_classifier_onnx
 from export.onnx_export import onnx_session, read_deploy

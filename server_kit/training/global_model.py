@@ -12,7 +12,7 @@ import torch
 from common.errors import ConfigError, DataError
 from common.seeding import seeded
 from common.timing import timed
-from edge_sdk.arch import build_model, parse_arch, with_num_classes
+from edge_sdk.models.arch import build_model, parse_arch, with_num_classes
 from server_kit.labelling import LabelConfig, Labels
 from server_kit.synthesis import GeneratorConfig, Synthesis
 from server_kit.teachers import Federation, Teacher

@@ -82,5 +82,5 @@ def test_a_missing_package_names_its_extra(capsys: pytest.CaptureFixture[str]) -
         "have; fix: pip install 'oneshot-fl-edge[server]' ([server] brings every extra but dev)\n"
     )
     # a module of the toolkit itself missing is a packaging bug, not an install choice
-    assert missing_extra(ModuleNotFoundError("x", name="edge_sdk.spaces")) is None
+    assert missing_extra(ModuleNotFoundError("x", name="edge_sdk.models")) is None
     assert "[evolution]" in str(missing_extra(ModuleNotFoundError("x", name="scipy.stats")))

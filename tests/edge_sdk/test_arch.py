@@ -1,4 +1,5 @@
-"""The architecture registry (edge_sdk.arch): a contract every registered family keeps, and the dispatch."""
+"""The architecture registry (edge_sdk.models.arch): a contract every registered family keeps, and the
+dispatch."""
 
 import json
 
@@ -7,7 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.errors import SpecError
-from edge_sdk.arch import (
+from edge_sdk.models.arch import (
     DEFAULT_FAMILY,
     FAMILIES,
     analytic_cost,
@@ -17,7 +18,7 @@ from edge_sdk.arch import (
     parse_arch,
     with_num_classes,
 )
-from edge_sdk.chain import ChainSpec
+from edge_sdk.models.chain.spec import ChainSpec
 
 SHAPE = (1, 8, 8)  # the smallest input every family accepts (the elastic space halves it three times)
 

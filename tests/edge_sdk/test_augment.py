@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
-from edge_sdk.arch import build_model
 from edge_sdk.augment import COLOR_WEIGHT_DECAY, Recipe, cosine_factor, crop_flip, resolve_recipe
 from edge_sdk.data import ArrayDataset
+from edge_sdk.models.arch import build_model
 from edge_sdk.strategies.pso import PSOConfig
 from edge_sdk.train import TrainConfig, make_optimizer, train
 

@@ -16,11 +16,11 @@ import pytest
 
 from common.errors import ConfigError
 from common.timing import Deadline
-from edge_sdk.arch import parse_arch
 from edge_sdk.cli import main
 from edge_sdk.client import ClientConfig, resume_key, run_client
 from edge_sdk.data import ArrayDataset, load_dataset, save_client_data
 from edge_sdk.final_training import train_final
+from edge_sdk.models.arch import parse_arch
 from edge_sdk.search import SearchResult, search
 from edge_sdk.shared_init import initial_weights
 from edge_sdk.strategies.baselines import FixedConfig

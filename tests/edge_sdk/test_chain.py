@@ -1,12 +1,13 @@
-"""Chain family (edge_sdk.chain): string/JSON round trips, validation rules, builder, analytic cost."""
+"""Chain family (edge_sdk.models.chain): string/JSON round trips, validation rules, builder, analytic
+cost."""
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.errors import SpecError
-from edge_sdk.arch import build_model, parse_arch
-from edge_sdk.chain import (
+from edge_sdk.models.arch import build_model, parse_arch
+from edge_sdk.models.chain.spec import (
     MAX_CHANNELS,
     MAX_DEPTH,
     MAX_KERNEL,

@@ -20,13 +20,13 @@ from torch import nn
 
 from common.errors import ConfigError, ExportError, ToolkitError
 from edge_sdk import mobile_targets, mobile_training
-from edge_sdk.arch import build_model
 from edge_sdk.artifacts import TrainedModel, bundle_model
 from edge_sdk.cli import main
 from edge_sdk.data import deploy_metadata_for, load_dataset, save_client_data
 from edge_sdk.deploy import TARGETS, DeployConfig, deploy
 from edge_sdk.mobile_targets import rebuild
 from edge_sdk.mobile_training import TRAINING_KEY, load_trainer, torch_steps, trainer_steps, training_settings
+from edge_sdk.models.arch import build_model
 from edge_sdk.train import TrainConfig, to_float, train
 from export.onnx_export import export_onnx, read_metadata
 from profiles import load_profile

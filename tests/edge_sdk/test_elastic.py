@@ -10,22 +10,11 @@ import pytest
 import torch
 
 from common.errors import BundleError, SpecError
-from edge_sdk.arch import build_model, parse_arch
-from edge_sdk.elastic import (
-    SPACE,
-    ElasticSpec,
-    SuperNet,
-    cost_of,
-    crossover,
-    encode,
-    extract,
-    largest,
-    load_supernet,
-    mutate,
-    sample_elastic,
-    save_supernet,
-    smallest,
-)
+from edge_sdk.models.arch import build_model, parse_arch
+from edge_sdk.models.elastic.space import crossover, encode, mutate, sample_elastic
+from edge_sdk.models.elastic.spec import SPACE, ElasticSpec, cost_of, largest, smallest
+from edge_sdk.models.elastic.supernet import SuperNet, extract
+from edge_sdk.models.elastic.supernet_file import load_supernet, save_supernet
 from edge_sdk.profiling import count_flops
 from edge_sdk.search import search
 from edge_sdk.strategies.supernet_proxy import recalibrate_bn

@@ -10,10 +10,10 @@ import pytest
 from flwr.app import ConfigRecord, RecordDict
 
 from common.errors import BundleError, ConfigError, SpecError
-from edge_sdk.arch import parse_arch
 from edge_sdk.client import ClientConfig
 from edge_sdk.cvae import build_cvae, parse_cvae_arch
 from edge_sdk.flower_client import FlowerTask
+from edge_sdk.models.arch import parse_arch
 from edge_sdk.shared_init import initial_weights, read_initial_weights
 from profiles import load_profile, profile_to_toml
 

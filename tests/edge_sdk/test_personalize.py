@@ -14,10 +14,10 @@ import torch
 from onnx import helper, numpy_helper
 
 from common.errors import BundleError, ConfigError
-from edge_sdk.arch import build_model
 from edge_sdk.cli import main as edge_main
 from edge_sdk.curves import check_curve
 from edge_sdk.data import ArrayDataset, save_client_data
+from edge_sdk.models.arch import build_model
 from edge_sdk.personalize import PersonalizeConfig, personalize, pkt_loss, update_alpha
 from export.bundle import read_bundle
 from export.onnx_export import INPUT_NAME, onnx_session, read_deploy

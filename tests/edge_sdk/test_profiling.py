@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError, SpecError
-from edge_sdk.arch import build_model
-from edge_sdk.chain import ChainSpec
+from edge_sdk.models.arch import build_model
+from edge_sdk.models.chain.spec import ChainSpec
 from edge_sdk.profiling import (
     ModelProfile,
     _activations_at,

@@ -13,11 +13,11 @@ from sklearn.datasets import load_digits
 
 import edge_sdk.strategies.evaluator as evaluator_module
 from common.errors import BudgetError, ConfigError
-from edge_sdk.arch import parse_arch
-from edge_sdk.chain import MAX_DEPTH, MIN_DEPTH, ChainSpec, Conv, Dense, Pool
 from edge_sdk.data import ArrayDataset
+from edge_sdk.models.arch import parse_arch
+from edge_sdk.models.chain.space import CHANNELS, HIDDEN_UNITS, KERNELS, align, sample_spec
+from edge_sdk.models.chain.spec import MAX_DEPTH, MIN_DEPTH, ChainSpec, Conv, Dense, Pool
 from edge_sdk.search import STRATEGIES, build_search_config, replace_search_config, search
-from edge_sdk.spaces.chain import CHANNELS, HIDDEN_UNITS, KERNELS, align, sample_spec
 from edge_sdk.strategies.base import SearchConfig
 from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.pso import PSOConfig

@@ -12,11 +12,11 @@ import torch
 
 from common.errors import BudgetError, ConfigError, ExportError
 from common.seeding import seeded
-from edge_sdk.arch import build_model
 from edge_sdk.artifacts import save_trained_model
 from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.data import load_dataset, split_train_val
 from edge_sdk.final_training import train_final
+from edge_sdk.models.arch import build_model
 from edge_sdk.shared_init import initial_weights, read_initial_weights
 from edge_sdk.strategies.baselines import FixedConfig
 from export.bundle import read_bundle

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from common.errors import ConfigError
-from edge_sdk.chain import ChainSpec, Conv, Residual
-from edge_sdk.elastic import ElasticSpec
-from edge_sdk.spaces.chain import ChainSpace
-from edge_sdk.spaces.registry import SPACES, SearchSpace, get_space
+from edge_sdk.models.chain.space import ChainSpace
+from edge_sdk.models.chain.spec import ChainSpec, Conv, Residual
+from edge_sdk.models.elastic.spec import ElasticSpec
+from edge_sdk.models.spaces import SPACES, SearchSpace, get_space
 
 SHAPE = (1, 28, 28)
 COLOR = (3, 16, 16)

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError, DataError
-from edge_sdk.arch import build_model
-from edge_sdk.chain import ChainSpec
 from edge_sdk.data import ArrayDataset
+from edge_sdk.models.arch import build_model
+from edge_sdk.models.chain.spec import ChainSpec
 from edge_sdk.train import TrainConfig, evaluate, kd_loss, kd_loss_logits, to_float, train
 
 

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from common.errors import SpecError
-from edge_sdk.arch import build_model, parse_arch
-from edge_sdk.chain import ChainSpec
-from edge_sdk.zoo import CNN1, CNN2, RANDOM_POOL, ZOO, ZooSpec, _halvings, build_zoo_model
+from edge_sdk.models.arch import build_model, parse_arch
+from edge_sdk.models.chain.spec import ChainSpec
+from edge_sdk.models.zoo import CNN1, CNN2, RANDOM_POOL, ZOO, ZooSpec, _halvings, build_zoo_model
 
 SHAPES = [(1, 28, 28), (3, 32, 32), (1, 8, 8)]
 

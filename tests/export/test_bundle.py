@@ -517,7 +517,7 @@ def test_failed_rename_keeps_old_file_and_no_temp(tmp_path: Path, monkeypatch: p
 
 
 def test_real_onnx_round_trip(tmp_path: Path) -> None:
-    from edge_sdk.arch import build_model
+    from edge_sdk.models.arch import build_model
     from export.onnx_export import export_onnx, read_metadata
 
     onnx_bytes = export_onnx(

@@ -12,7 +12,7 @@ import torch
 from onnx import helper, numpy_helper
 
 from common.errors import BundleError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from export.bundle import bundle_from_bytes
 from export.onnx_check import check_classifier_onnx
 from export.onnx_export import export_onnx

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from common.errors import BundleError, ConfigError, ExportError, TeacherError
-from edge_sdk.arch import build_model
 from edge_sdk.data import PIXEL_MEAN, PIXEL_STD, deploy_metadata_for
+from edge_sdk.models.arch import build_model
 from export.bundle import Bundle, bundle_from_bytes, bundle_to_bytes
 from export.metadata import (
     CLASS_NAMES_KEY,

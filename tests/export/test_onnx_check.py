@@ -9,9 +9,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from common.errors import BundleError, ConfigError, TeacherError
-from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
-from edge_sdk.elastic import smallest
+from edge_sdk.models.arch import build_model
+from edge_sdk.models.elastic.spec import smallest
 from export.onnx_check import (
     ALLOWED_OPS,
     OnnxLimits,

@@ -12,7 +12,7 @@ from onnx import numpy_helper
 from torch import nn
 
 from common.errors import ExportError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from export.onnx_export import (
     OPSET,
     check_parity,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from common.errors import BundleError
-from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
+from edge_sdk.models.arch import build_model
 from export.onnx_export import export_decoder_onnx, export_onnx
 from export.package import Package, package_from_bytes, package_to_bytes, read_package, write_package
 

@@ -15,8 +15,8 @@ import torch
 from onnx import numpy_helper
 
 from common.errors import ExportError
-from edge_sdk.arch import build_model
 from edge_sdk.data import load_dataset
+from edge_sdk.models.arch import build_model
 from edge_sdk.train import TrainConfig, to_float, train
 from export.onnx_export import INPUT_NAME, export_onnx, onnx_session, read_metadata, validate_onnx
 from export.quantize import DEFAULT_SCHEME, QUANTIZATION_KEY, SCHEMES, latency_ms, quantize_int8

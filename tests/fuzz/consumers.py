@@ -14,7 +14,9 @@ from pathlib import Path
 import torch
 
 from edge_sdk.data import load_client_data
-from edge_sdk.elastic import extract, load_supernet, smallest
+from edge_sdk.models.elastic.spec import smallest
+from edge_sdk.models.elastic.supernet import extract
+from edge_sdk.models.elastic.supernet_file import load_supernet
 from edge_sdk.personalize import PersonalizeConfig, personalize
 from export.bundle import read_bundle
 from export.package import read_package

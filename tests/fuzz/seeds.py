@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edge_sdk.arch import build_model
 from edge_sdk.cvae import build_cvae
 from edge_sdk.data import ArrayDataset, save_client_data
-from edge_sdk.elastic import SuperNet, save_supernet
+from edge_sdk.models.arch import build_model
+from edge_sdk.models.elastic.supernet import SuperNet
+from edge_sdk.models.elastic.supernet_file import save_supernet
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_decoder_onnx, export_onnx
 from export.package import Package, write_package

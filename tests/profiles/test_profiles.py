@@ -55,7 +55,7 @@ def test_shipped_profile_is_valid_and_documented(tmp_path: Path, name: str) -> N
 
 
 def test_budgets_restrict_mnist_search_on_small_devices() -> None:
-    from edge_sdk.chain import ChainSpec
+    from edge_sdk.models.chain.spec import ChainSpec
 
     # A typical MNIST CNN: 21.3 MFLOP and 454.5 k params per ChainSpec.cost (= FlopCounterMode, tested).
     flops, params = ChainSpec.parse("C32k3-P-C64k5-P-F128-F10").cost((1, 28, 28))

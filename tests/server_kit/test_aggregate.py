@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from common.errors import BundleError, ConfigError, TeacherError
-from edge_sdk.arch import build_model
 from edge_sdk.data import ArrayDataset, deploy_metadata_for
+from edge_sdk.models.arch import build_model
 from export.bundle import Bundle, read_bundle, write_bundle
 from export.onnx_export import export_onnx, read_deploy, read_metadata, validate_onnx
 from server_kit.aggregate import aggregate

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from common.errors import BundleError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_onnx
 from server_kit.teachers import read_uploads

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
-from edge_sdk.arch import build_model
 from edge_sdk.data import ArrayDataset, load_dataset
+from edge_sdk.models.arch import build_model
 from edge_sdk.train import TrainConfig, train
 from server_kit.labelling.decoder_trust import verify_decoders
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.errors import ConfigError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from server_kit.labelling.labels import consensus
 from server_kit.training.distill import DistillConfig, distill
 

@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from common.errors import BundleError, ConfigError, DataError
-from edge_sdk.arch import build_model
 from edge_sdk.data import ArrayDataset
+from edge_sdk.models.arch import build_model
 from export.onnx_export import export_onnx
 from server_kit.evaluate import evaluate_module, evaluate_onnx
 

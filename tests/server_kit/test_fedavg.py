@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from export.bundle import Bundle
 from server_kit.teachers.loading import Teacher
 from server_kit.training.fedavg import average_state_dicts, fedavg_init

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.errors import ConfigError, DataError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from server_kit.training.fusion import FusionConfig, conditioned_targets, fuse, fusion_loss, teacher_probs
 
 SHAPE = (1, 4, 4)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.errors import ConfigError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from export.onnx_export import onnx_session, read_metadata
 from server_kit.synthesis.generator import (
     NO_TEACHER,

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.errors import ConfigError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from server_kit.synthesis.inversion import (
     CONCENTRATION_EPS,
     InversionConfig,

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.errors import ConfigError, DataError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from server_kit.labelling.labels import (
     LabelConfig,
     check_label_counts,

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError, TeacherError
-from edge_sdk.arch import build_model
 from edge_sdk.data import load_dataset
+from edge_sdk.models.arch import build_model
 from edge_sdk.train import TrainConfig, train
 from export.bundle import Bundle, write_bundle
 from export.onnx_export import export_onnx

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from common.errors import BundleError, ConfigError, TeacherError
-from edge_sdk.arch import build_model
+from edge_sdk.models.arch import build_model
 from export.bundle import Bundle, bundle_to_bytes, write_bundle
 from export.onnx_export import export_onnx, onnx_session
 from server_kit.teachers import loading as teachers_module

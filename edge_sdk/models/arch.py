@@ -2,11 +2,12 @@
 
 An architecture is data: a short string that travels through search, logs, bundles and ONNX metadata, and
 a builder that turns it into a torch module. Each family owns its string form, JSON form, builder and cost
-in its own module; :data:`FAMILIES` lists them, and nothing else needs to know which family a spec is of:
+in its own package (the zoo in one module); :data:`FAMILIES` lists them, and nothing else needs to know
+which family a spec is of:
 
-* ``chain`` (:mod:`edge_sdk.chain`): ``C32k3-P-C64k5-P-F128-F10``, every string no other family claims;
-* ``zoo`` (:mod:`edge_sdk.zoo`): ``zoo:resnet18``, the named baseline models;
-* ``elastic`` (:mod:`edge_sdk.elastic`): ``mbv3:s16-24:k3e4-...``, subnets of HAPFNAS's elastic space.
+* ``chain`` (:mod:`.chain`): ``C32k3-P-C64k5-P-F128-F10``, every string no other family claims;
+* ``zoo`` (:mod:`.zoo`): ``zoo:resnet18``, the named baseline models;
+* ``elastic`` (:mod:`.elastic`): ``mbv3:s16-24:k3e4-...``, subnets of HAPFNAS's elastic space.
 
 A family's name is also the ``kind`` of its specs' JSON form. Models take float32 pixels in [0, 1] shaped
 N x C x H x W and return logits; input normalization lives inside the model. Every built model exposes its
@@ -25,9 +26,11 @@ from torch import nn
 
 from common.checks import load_json
 from common.errors import SpecError
-from edge_sdk.chain import CHAIN_FAMILY, ChainSpec
-from edge_sdk.elastic import ELASTIC_FAMILY, ElasticSpec
-from edge_sdk.zoo import ZOO_FAMILY, ZooSpec
+from edge_sdk.models.chain.network import CHAIN_FAMILY
+from edge_sdk.models.chain.spec import ChainSpec
+from edge_sdk.models.elastic.network import ELASTIC_FAMILY
+from edge_sdk.models.elastic.spec import ElasticSpec
+from edge_sdk.models.zoo import ZOO_FAMILY, ZooSpec
 
 __all__ = [
     "DEFAULT_FAMILY",

@@ -10,7 +10,8 @@ light member. All architecture decisions happen in ``__init__`` from the static 
 
 Every model takes float32 pixels in [0, 1] (N x C x H x W), normalises inside and returns logits; its
 final ``nn.Linear`` is ``model.head``. A zoo model is written ``zoo:<name>`` (:class:`ZooSpec`, the ``zoo``
-family of :mod:`edge_sdk.arch`'s registry); its head is sized at build time, so the spec has no class count.
+family of :mod:`edge_sdk.models.arch`'s registry); its head is sized at build time, so the spec has no class
+count.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import torch
 from torch import nn
 
 from common.errors import SpecError
-from edge_sdk.chain import ChainSpec
 from edge_sdk.data import PIXEL_MEAN, PIXEL_STD
+from edge_sdk.models.chain.spec import ChainSpec
 
 __all__ = ["CNN1", "CNN2", "RANDOM_POOL", "ZOO", "ZOO_FAMILY", "ZooFamily", "ZooSpec", "build_zoo_model"]
 
@@ -235,7 +236,7 @@ class ZooSpec:
 
 
 class ZooFamily:
-    """The zoo family for :mod:`edge_sdk.arch`'s registry: ``zoo:<name>``, JSON kind ``zoo``."""
+    """The zoo family for :mod:`edge_sdk.models.arch`'s registry: ``zoo:<name>``, JSON kind ``zoo``."""
 
     name = "zoo"
     prefix = PREFIX

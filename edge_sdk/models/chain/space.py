@@ -16,9 +16,8 @@ import numpy as np
 
 from common.checks import check_int
 from common.errors import ConfigError
-from edge_sdk.arch import ArchSpec
 from edge_sdk.augment import COLOR_CHANNELS
-from edge_sdk.chain import (
+from edge_sdk.models.chain.spec import (
     MAX_CHANNELS,
     MAX_DEPTH,
     MAX_KERNEL,
@@ -166,7 +165,7 @@ def align(
 
 @dataclass(frozen=True, kw_only=True)
 class ChainSpace:
-    """The chain space as a :class:`~edge_sdk.spaces.registry.SearchSpace`: chains up to ``max_depth``
+    """The chain space as a :class:`~edge_sdk.models.spaces.SearchSpace`: chains up to ``max_depth``
     modules; mutation and crossover are repaired by :func:`align`, so every child is valid."""
 
     max_depth: int = DEFAULT_MAX_DEPTH
@@ -181,7 +180,7 @@ class ChainSpace:
         return sample_spec(rng, input_shape, num_classes, max_depth=self.max_depth)
 
     def mutate(
-        self, spec: ArchSpec, rng: np.random.Generator, input_shape: tuple[int, int, int]
+        self, spec: ChainSpec, rng: np.random.Generator, input_shape: tuple[int, int, int]
     ) -> ChainSpec:
         """Replace one module by a fresh one of a random kind, then repair with the alignment operator."""
         assert isinstance(spec, ChainSpec)
@@ -200,7 +199,7 @@ class ChainSpace:
         return align(spec, ChainSpec(tuple(layers)), rng, input_shape)
 
     def crossover(
-        self, a: ArchSpec, b: ArchSpec, rng: np.random.Generator, input_shape: tuple[int, int, int]
+        self, a: ChainSpec, b: ChainSpec, rng: np.random.Generator, input_shape: tuple[int, int, int]
     ) -> ChainSpec:
         """Layer-wise uniform crossover (the PSO target rule with cg 0.5), repaired by alignment."""
         assert isinstance(a, ChainSpec) and isinstance(b, ChainSpec)
@@ -220,7 +219,7 @@ class ChainSpace:
         """The alignment operator T (:func:`align`): PSO's move, beyond the :class:`SearchSpace` interface."""
         return align(current, target, rng, input_shape)
 
-    def encode(self, spec: ArchSpec) -> np.ndarray:
+    def encode(self, spec: ChainSpec) -> np.ndarray:
         """MAX_DEPTH slots of (kind, channels, kernel, units), zero-padded (the same width for any
         ``max_depth``, so encodings of differently bounded searches compare)."""
         assert isinstance(spec, ChainSpec)

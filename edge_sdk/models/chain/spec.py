@@ -1,4 +1,4 @@
-"""The chain family: pFedZKD's search space (section 3.2.1) as data, its builder and its cost.
+"""The chain family's spec: pFedZKD's search space (section 3.2.1) as data, its rules and its cost.
 
 A chain spec is a sequence of modules written as a readable string::
 
@@ -14,7 +14,7 @@ classification head and has ``num_classes`` units. Rules: the first module is C 
 ends with at least one F, no C, R or P after the first F, depth 3..20, at most 128 channels, kernel at
 most 7, hidden F at most 300 units, and no pooling may shrink the feature map below 1x1.
 
-The chain is the family of unprefixed strings in :mod:`edge_sdk.arch`'s registry, and the only family
+The chain is the family of unprefixed strings in :mod:`edge_sdk.models.arch`'s registry, and the only family
 whose head is part of the spec (:meth:`ChainSpec.with_num_classes` resizes it to a task).
 """
 
@@ -25,21 +25,14 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-from torch import nn
-
 from common.errors import SpecError
-from edge_sdk.data import PIXEL_MEAN, PIXEL_STD
 
 __all__ = [
-    "CHAIN_FAMILY",
     "MAX_CHANNELS",
     "MAX_DEPTH",
     "MAX_KERNEL",
     "MAX_UNITS",
     "MIN_DEPTH",
-    "ChainFamily",
-    "ChainNet",
     "ChainSpec",
     "Conv",
     "Dense",
@@ -47,15 +40,14 @@ __all__ = [
     "Layer",
     "Pool",
     "Residual",
-    "ResidualBlock",
 ]
+
 
 MIN_DEPTH = 3
 MAX_DEPTH = 20
 MAX_CHANNELS = 128
 MAX_KERNEL = 7
 MAX_UNITS = 300
-DROPOUT = 0.3
 
 
 @dataclass(frozen=True)
@@ -266,100 +258,3 @@ def _conv_cost(layer: Features, c: int, pixels: int) -> tuple[int, int]:
             macs += pixels * out * c
             params += out * c + 2 * out
     return macs, params
-
-
-class ResidualBlock(nn.Module):
-    """The torch module of a :class:`Residual` module (stride 1, same padding)."""
-
-    def __init__(self, in_channels: int, layer: Residual) -> None:
-        super().__init__()
-        out, k = layer.out_channels, layer.kernel_size
-        self.conv1 = nn.Conv2d(in_channels, out, k, padding=k // 2, bias=False)
-        self.bn1 = nn.BatchNorm2d(out)
-        self.conv2 = nn.Conv2d(out, out, k, padding=k // 2, bias=False)
-        self.bn2 = nn.BatchNorm2d(out)
-        self.shortcut: nn.Module = nn.Identity()
-        if in_channels != out:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out, 1, bias=False), nn.BatchNorm2d(out))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.bn1(self.conv1(x)))
-        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
-
-
-class ChainNet(nn.Module):
-    """The torch module of a :class:`ChainSpec`. ``features`` (conv/pool), then ``classifier`` (FC)."""
-
-    def __init__(self, spec: ChainSpec, input_shape: tuple[int, int, int], num_classes: int) -> None:
-        super().__init__()
-        spec = spec.with_num_classes(num_classes).validate(input_shape)
-        c, h, w = input_shape
-        feats: list[nn.Module] = []
-        dense: list[Dense] = []
-        for layer in spec.layers:
-            if isinstance(layer, Conv):
-                k = layer.kernel_size
-                feats += [
-                    nn.Conv2d(c, layer.out_channels, k, padding=k // 2, bias=False),
-                    nn.BatchNorm2d(layer.out_channels),
-                    nn.ReLU(inplace=True),
-                ]
-                c = layer.out_channels
-            elif isinstance(layer, Residual):
-                feats.append(ResidualBlock(c, layer))
-                c = layer.out_channels
-            elif isinstance(layer, Pool):
-                feats.append(nn.MaxPool2d(2) if layer.kind == "max" else nn.AvgPool2d(2))
-                h, w = h // 2, w // 2
-            else:
-                dense.append(layer)
-        self.spec = spec
-        self.features = nn.Sequential(*feats)
-        cls: list[nn.Module] = []
-        width = c * h * w
-        for layer in dense[:-1]:
-            cls += [nn.Linear(width, layer.units), nn.ReLU(inplace=True), nn.Dropout(DROPOUT)]
-            width = layer.units
-        cls.append(nn.Linear(width, num_classes))
-        self.classifier = nn.Sequential(*cls)
-
-    @property
-    def head(self) -> nn.Linear:
-        return self.classifier[-1]  # type: ignore[return-value]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: N x C x H x W in [0, 1]
-        x = (x - PIXEL_MEAN) / PIXEL_STD
-        x = self.features(x)
-        return self.classifier(torch.flatten(x, 1))
-
-
-class ChainFamily:
-    """The chain family for :mod:`edge_sdk.arch`'s registry: unprefixed strings, JSON kind ``chain``."""
-
-    name = "chain"
-    prefix = None  # the registry's default: any string no other family claims
-    spec_type = ChainSpec
-
-    def parse(self, text: str) -> ChainSpec:
-        return ChainSpec.parse(text)
-
-    def from_json(self, text: str) -> ChainSpec:
-        return ChainSpec.from_json(text)
-
-    def build(self, spec: ChainSpec, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-        return ChainNet(spec, input_shape, num_classes)
-
-    def cost(
-        self, spec: ChainSpec, input_shape: tuple[int, int, int], num_classes: int
-    ) -> tuple[int, int] | None:
-        """:meth:`ChainSpec.cost`; the head's size is the spec's own (resize it first for another task)."""
-        return spec.cost(input_shape)
-
-    def with_num_classes(self, spec: ChainSpec, num_classes: int) -> ChainSpec:
-        return spec.with_num_classes(num_classes)
-
-    def problems(self, spec: ChainSpec, input_shape: tuple[int, int, int]) -> list[str]:
-        return spec.problems(input_shape)
-
-
-CHAIN_FAMILY = ChainFamily()
