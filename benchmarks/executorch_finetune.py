@@ -94,4 +94,4 @@ def main(epochs: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else PersonalizeConfig.epochs)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else PersonalizeConfig.train_epochs)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FedMHO at the paper's setting (issue #18): one whole `simulate --method fedmho` row per alpha, then the
+# FedMHO at the paper's setting (issue #18): one whole `simulate --federation-preset fedmho` row per alpha, then the
 # server variants on the same client bundles and the decoders' recognisability.
 #
 #   benchmarks/fedmho_rows.sh ROW ALPHA [--timed-only | --variants-only]
@@ -18,7 +18,7 @@ run=runs/bench/$row; keep=benchmarks/results/$row
 mkdir -p "$keep"
 py=.venv/bin/python
 if [ "$what" != --variants-only ]; then
-  cmd=(.venv/bin/server-kit simulate --method fedmho --dataset mnist --data-root ../shared/datasets
+  cmd=(.venv/bin/server-kit simulate --federation-preset fedmho --dataset mnist --data-root ../shared/datasets
        --num-clients 10 --seed 0 --jobs 2 --quiet --out "$run" --alpha "$alpha")
   printf '%q ' "${cmd[@]}" > "$keep/command.txt"; echo >> "$keep/command.txt"
   $py benchmarks/speed.py --out "$keep/speed.json" --results "$run/results.json" -- "${cmd[@]}" \

@@ -28,7 +28,7 @@ train() {  # $1 variant, $2 extra flag
   for data in "$run"/data/client_*.npz; do
     k=$(basename "$data" .npz)
     [ -f "$work/$1/$k.bundle" ] && continue
-    .venv/bin/edge-sdk train --data "$data" --arch "$arch" --epochs "$epochs" --seed "${k#client_}" \
+    .venv/bin/edge-sdk train --data "$data" --arch "$arch" --train-epochs "$epochs" --seed "${k#client_}" \
       --out "$work/$1/$k.onnx" --quiet $2
     .venv/bin/edge-sdk export --model "$work/$1/$k.onnx" --profile laptop-cpu --seed "${k#client_}" \
       --out "$work/$1/$k.bundle"

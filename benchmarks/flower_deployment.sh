@@ -8,7 +8,7 @@
 #   benchmarks/flower_deployment.sh [output directory]      (default: a fresh temporary directory)
 #
 # ENGINES="deployment" runs the first part only (tests/server_kit/test_flower.py does, with smaller knobs
-# in EXTRA_RUN_CONFIG, e.g. "search.final_epochs=2 pke.epochs=1"), appended to both runs' --run-config.
+# in EXTRA_RUN_CONFIG, e.g. "search.final_epochs=2 pke.train_epochs=1"), appended to both runs' --run-config.
 #
 # Needs the [flower] extra (flwr, ray). Nothing is read from or written to ~/.flwr: FLWR_HOME is a directory
 # of the run; ports are free ones picked at start. Every process it starts is stopped on exit (by its

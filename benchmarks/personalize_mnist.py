@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
         }
         for method in args.methods:
             t0 = time.perf_counter()
-            config = PersonalizeConfig(method=method, epochs=args.epochs)
+            config = PersonalizeConfig(method=method, train_epochs=args.epochs)
             res = personalize(data, bundle, package, run / "personal" / name / method, config=config)
             seconds = time.perf_counter() - t0
             out = res.out_dir

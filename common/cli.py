@@ -42,6 +42,7 @@ __all__ = [
     "out_file",
     "print_json",
     "print_skipped",
+    "renamed_option",
     "root_parser",
 ]
 
@@ -213,6 +214,30 @@ def expert(action: argparse.Action) -> argparse.Action:
     generated from its configs has a hundred options, which buried the ten most people need)."""
     action.expert = True  # type: ignore[attr-defined]  # read by _Parser.format_help
     return action
+
+
+class _Renamed(argparse.Action):
+    """An option that was renamed: refused with one line naming the new one (hidden from the help)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings,
+            dest=argparse.SUPPRESS,
+            default=argparse.SUPPRESS,
+            nargs="?",
+            help=argparse.SUPPRESS,
+        )
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        old = "/".join(self.option_strings)
+        parser.error(f"{old} was renamed: expected {self.new}, got {old}; fix: use {self.new}")
+
+
+def renamed_option(parser: Any, old: str, new: str) -> argparse.Action:
+    """Adds ``old``, an option renamed ``new``, to ``parser`` (or an argument group): given, it is
+    refused with one line naming ``new`` (one name per meaning across both CLIs)."""
+    return parser.add_argument(old, action=_Renamed, new=new)  # type: ignore[no-any-return]
 
 
 class _HelpAll(argparse.Action):

@@ -16,7 +16,8 @@ nested config named in ``flatten`` lends its fields without its own name (simula
 clients' device, ``--aggregate-device`` the server's). A config field of a family (``search``: the
 strategy picks the class) offers the union of the family's fields; the config refuses a field of
 another member. Every flag defaults to None, "not given": the preset or ``--config`` file keeps its value;
-``none`` sets an optional field to None.
+``none`` sets an optional field to None. A field renamed (its class's ``renamed_keys``,
+:mod:`common.configs`) leaves its old flag behind as a refusal: one line naming the new flag.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from typing import Any
 
 from jsonargparse._parameter_resolvers import get_signature_parameters
 
-from common.cli import expert
+from common.cli import expert, renamed_option
+from common.configs import renamed_keys
 from common.errors import ConfigError
 
 __all__ = ["NONE", "Flag", "add_config_args", "config_flags", "given_options", "given_table"]
@@ -63,6 +65,7 @@ class Flag:
     doc: str
     group: str  # the nested config it belongs to ("" for the command's own fields)
     off_note: str = ""  # "when fusion is set": the nested config is None by default
+    old_options: tuple[str, ...] = ()  # the flags of the field's old names (refused, naming this one)
 
     @property
     def dest(self) -> str:
@@ -192,8 +195,11 @@ def config_flags(
         path, prefix, owners, instance, off_note = queue.pop(0)
         seen: set[str] = set()
         docs: dict[str, str] = {}
+        renamed: dict[str, list[str]] = {}  # new name -> its old names
         for owner in reversed(owners):
             docs |= field_docs(owner)
+            for old, new in renamed_keys(owner).items():
+                renamed.setdefault(new, []).append(old)
         for owner in owners:
             fields = {f.name: f for f in dataclasses.fields(owner)}
             for param in get_signature_parameters(owner):
@@ -217,9 +223,10 @@ def config_flags(
                     value = None if default is dataclasses.MISSING else default
                     queue.append((here, inner, members, value, note))
                     continue
-                option = "--" + "-".join((*prefix, name)).replace("_", "-")
-                if option in taken:  # a flattened field whose name an outer one has: its full path
-                    option = "--" + "-".join(here).replace("_", "-")
+                words = (*prefix, name)
+                if _option(words) in taken:  # a flattened field whose name an outer one has: its full path
+                    words = here
+                option = _option(words)
                 if option in taken:
                     raise ConfigError(
                         f"two config fields want the flag {option}, got the second at {key}; fix: rename "
@@ -227,8 +234,15 @@ def config_flags(
                     )
                 taken.add(option)
                 group = ".".join(path)
-                flags.append(Flag(option, here, hint, optional, default, docs.get(name, ""), group, off_note))
+                old = tuple(_option((*words[:-1], old)) for old in sorted(renamed.get(name, ())))
+                doc = docs.get(name, "")
+                flags.append(Flag(option, here, hint, optional, default, doc, group, off_note, old))
     return tuple(flags)
+
+
+def _option(words: Sequence[str]) -> str:
+    """The flag of a field path's words: ``("distill", "epochs")`` -> ``--distill-epochs``."""
+    return "--" + "-".join(words).replace("_", "-")
 
 
 def _scalar(hint: Any) -> Callable[[str], Any]:
@@ -332,6 +346,10 @@ def add_config_args(
         )
         if common is not None and ".".join(flag.path) not in common:
             expert(action)
+    for flag in flags:  # after every flag: an old name another field now has is that field's
+        for old in flag.old_options:
+            if old not in parser._option_string_actions:
+                renamed_option(parser, old, flag.option)
     return flags
 
 

@@ -7,6 +7,11 @@ with the list of valid ones), values are brought back to the field's type where 
 current value, so a partial table (``[aggregate.distill] epochs = 5``) changes only the keys it names.
 The configs' own ``__post_init__`` validates what comes out. YAML is read by jsonargparse's loader (safe,
 no tags; ``1e-3`` is a number, as in TOML and JSON, where PyYAML alone reads a string).
+
+Renamed keys: a config class whose fields were renamed keeps the table ``renamed_keys`` (a ``ClassVar``,
+old name -> new name). A file or a run's record that still holds an old name is refused with one line
+naming the new one, not read under it (a key's meaning may have changed with its name); the generated
+command-line options refuse the old flag the same way (:mod:`common.config_args`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,15 @@ from jsonargparse import get_loader
 from common.checks import check_tree, load_json, load_toml, read_regular_file
 from common.errors import ConfigError
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES", "Builder", "config_from_dict", "read_config_file"]
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_VALUES",
+    "Builder",
+    "config_from_dict",
+    "read_config_file",
+    "refuse_renamed",
+    "renamed_keys",
+]
 
 MAX_CONFIG_BYTES = 8 << 20  # a config a person writes is a few KB; a run's results.json tens of KB
 MAX_CONFIG_VALUES = 100_000  # values in the parsed tree, counting every use of a YAML alias
@@ -49,6 +62,7 @@ def config_from_dict(
     a mapping is built by this function, recursively. ``what`` names the table in error messages."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{what} must be a table of keys, got {type(data).__name__}: {data!r}")
+    refuse_renamed(cls, data, what)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -67,6 +81,23 @@ def config_from_dict(
     if missing:
         raise ConfigError(f"{what} needs the keys {missing}, got {sorted(data)}; fix: add them")
     return cls(**values)
+
+
+def renamed_keys(cls: type) -> Mapping[str, str]:
+    """The renamed fields of the config class ``cls``: old name -> new name (see the module docstring)."""
+    table = getattr(cls, "renamed_keys", {})
+    return table if isinstance(table, Mapping) else {}
+
+
+def refuse_renamed(cls: type, data: Mapping[str, Any], what: str) -> None:
+    """One line for the first key of ``data`` that ``cls`` renamed: the new name, and how to fix it."""
+    renamed = renamed_keys(cls)
+    for old in sorted(set(data) & set(renamed)):
+        new = renamed[old]
+        raise ConfigError(
+            f"{what}: expected the key {new!r}, got {old!r}, its old name (renamed: one name per meaning "
+            f"across the toolkit); fix: rename {old!r} to {new!r} (a run's record: there too, or rerun)"
+        )
 
 
 def _required(f: dataclasses.Field[Any]) -> bool:

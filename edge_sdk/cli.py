@@ -13,7 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from common.cli import Output, cli_main, json_text, out_dir, out_file, root_parser
+from common.cli import Output, cli_main, json_text, out_dir, out_file, renamed_option, root_parser
 from common.config_args import add_config_args, given_table
 from common.configs import config_from_dict
 from edge_sdk import __version__
@@ -36,7 +36,7 @@ def load_data(args: argparse.Namespace):  # -> ArrayDataset
 
 # the options --help lists (the others are for experts: --help-all): of `search` (the search configs' fields)
 # and of `run` (ClientConfig's, its search's and its CVAE's)
-SEARCH_COMMON = ("epochs", "final_epochs")
+SEARCH_COMMON = ("search_epochs", "final_epochs")
 RUN_COMMON = ("seed", "device", "role", "precision", "init", "search.final_epochs", "cvae.epochs")
 
 
@@ -146,7 +146,7 @@ def cmd_train(args: argparse.Namespace) -> Output:
         args.arch,
         train_split,
         val_split,
-        epochs=args.epochs,
+        epochs=args.train_epochs,
         lr=args.lr,
         batch_size=args.batch_size,
         seed=args.seed,
@@ -370,7 +370,9 @@ def _training_args(p: argparse.ArgumentParser) -> None:
 
     _data_args(p)
     p.add_argument("--val-fraction", type=float, default=0.2, help="local validation split")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    p.add_argument(
+        "--device", default="auto", help="where to train: auto (CUDA when present), cpu, cuda or cuda:N"
+    )
     p.add_argument(
         "--precision",
         default="auto",
@@ -394,7 +396,8 @@ def _build_search(p: argparse.ArgumentParser) -> None:
 def _build_train(p: argparse.ArgumentParser) -> None:
     _training_args(p)
     p.add_argument("--arch", required=True, help="architecture spec, e.g. C32k3-P-C64k5-P-F128-F10")
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--train-epochs", type=int, default=8, help="epochs of training the architecture")
+    renamed_option(p, "--epochs", "--train-epochs")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", required=True, type=out_file, help="model .onnx to write")

@@ -98,7 +98,7 @@ class ClientConfig:
     search: SearchConfig = field(default_factory=PSOConfig)
     val_fraction: float = 0.2  # share of the data held out for local validation
     seed: int = 0  # seed of the split, the search and the training
-    device: str = "cpu"  # where the device trains: cpu, cuda, cuda:N or auto (CUDA when present)
+    device: str = "auto"  # where the device trains: auto (CUDA when present), cpu, cuda or cuda:N
     progress: bool = False
     # what the device trains: a classifier, a CVAE (its decoder is uploaded), both, or auto: what the
     # profile's role hint and its budget allow

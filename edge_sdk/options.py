@@ -9,6 +9,7 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from common.cli import renamed_option
 from common.configs import config_from_dict
 
 __all__ = [
@@ -29,11 +30,15 @@ def search_classes() -> tuple[type, ...]:
 
 
 def add_search_selectors(p: argparse.ArgumentParser) -> None:
-    """``--preset`` and ``--strategy``: not fields, they pick the search config's class and base values."""
+    """``--search-preset`` and ``--strategy``: not fields, they pick the search config's class and base
+    values."""
     from edge_sdk.search import STRATEGIES
     from edge_sdk.strategies.base import SHARED_PRESETS
 
-    p.add_argument("--preset", choices=tuple(SHARED_PRESETS), help="search preset (default: fast)")
+    p.add_argument(
+        "--search-preset", choices=tuple(SHARED_PRESETS), help="the search's preset (default: fast)"
+    )
+    renamed_option(p, "--preset", "--search-preset")
     p.add_argument(
         "--strategy",
         choices=tuple(STRATEGIES),
@@ -69,11 +74,11 @@ def cvae_config(args: argparse.Namespace, given: Mapping[str, Any], base: Any = 
 
 
 def search_config(args: argparse.Namespace, given: Mapping[str, Any], base: Any = None):  # -> SearchConfig
-    """The search settings: ``--preset`` (or ``base``, else ``fast``) of ``--strategy`` (or the base's,
+    """The search settings: ``--search-preset`` (or ``base``, else ``fast``) of ``--strategy`` (or the base's,
     else pso) with the given search fields; a field of another strategy is refused."""
     from edge_sdk.search import build_search_config, replace_search_config
 
     options = {**given, **({"strategy": args.strategy} if args.strategy is not None else {})}
-    if base is not None and args.preset is None:
+    if base is not None and args.search_preset is None:
         return replace_search_config(base, **options)
-    return build_search_config(args.preset or "fast", **options)
+    return build_search_config(args.search_preset or "fast", **options)

@@ -37,7 +37,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -82,27 +82,35 @@ KDG_TERMS = ("pre", "dis", "lat", "tea", "disg")
 class PersonalizeConfig:
     """Knobs of :func:`personalize`.
 
-    SGD with momentum as FedPD's clients (lr 0.01 for (E)MNIST); batch 64 and 2 epochs keep a 3 M
-    parameter model within minutes on a 2-core CPU (FedPD: batch 20, 5 local epochs per round).
-    ``tau`` 0.5 and ``alpha_lr`` 0.05 are FedPD's best values (Tables 7, 12); FedPD does not give
-    lambda, 1.0 here. ``seed`` None uses the bundle's seed, so the train/validation split is the one
-    ``edge-sdk run`` used. ``kdg_dis_weight`` and ``kdg_disg_weight`` scale the two distillation terms
-    of ``kdg`` (the other terms weigh 1): FedKDG's ablation adds them with weight 0.01, and at weight 1
-    the global model (weaker than the local one on the local distribution) dominated, far below the
-    local-only accuracy at alpha 0.1 (benchmarks/RESULTS.md).
+    SGD with momentum as FedPD's clients (lr 0.01 for (E)MNIST); batch 64 and 2 epochs keep a 3 M parameter
+    model within minutes on a 2-core CPU (FedPD: batch 20, 5 local epochs per round).
+    ``alpha_regulariser_weight`` (FedPD's tau) 0.5 and ``alpha_lr`` 0.05 are FedPD's best values (Tables 7,
+    12); FedPD does not give lambda, 1.0 here. ``seed`` None uses the bundle's seed, so the train/validation
+    split is the one ``edge-sdk run`` used. ``kdg_dis_weight`` and ``kdg_disg_weight`` scale the two
+    distillation terms of ``kdg`` (the other terms weigh 1): FedKDG's ablation adds them with weight 0.01, and
+    at weight 1 the global model (weaker than the local one on the local distribution) dominated, far below
+    the local-only accuracy at alpha 0.1 (benchmarks/RESULTS.md).
     """
 
+    # fields renamed, old name -> new (common.configs: the old key and flag are refused naming the new)
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "epochs": "train_epochs",
+        "tau": "alpha_regulariser_weight",
+        "kd_temperature": "distill_tau",
+    }
+
     method: Method = "pkt"  # pkt (FedPD), kdg (FedKDG) or finetune
-    epochs: int = 2  # local epochs
+    train_epochs: int = 2  # epochs of the local training
     lr: float = 0.01  # SGD learning rate
     momentum: float = 0.9  # SGD momentum
     batch_size: int = 64
     lam: float = 1.0  # PKT distillation weight lambda
-    tau: float = 0.5  # PKT regulariser tau (alpha toward 1)
+    # PKT: weight of the regulariser that pulls each sample's weight alpha toward 1 (FedPD's tau)
+    alpha_regulariser_weight: float = 0.5
     alpha_lr: float = 0.05  # PKT learning rate of alpha
     distill_batch_size: int = 64  # distillation inputs per step
     kdg_terms: tuple[str, ...] = KDG_TERMS  # kdg's loss terms, any of pre, dis, lat, tea, disg
-    kd_temperature: float = 1.0  # distillation temperature
+    distill_tau: float = 1.0  # distillation temperature
     kdg_dis_weight: float = 0.01  # weight of kdg's dis term (FedKDG: 0.01)
     kdg_disg_weight: float = 0.01  # weight of kdg's disg term (FedKDG: 0.01)
     local_generator_steps: int = 100  # kdg: training steps of the local generator
@@ -111,7 +119,7 @@ class PersonalizeConfig:
     seed: int | None = None  # seed of the split and training; none: the bundle's (edge-sdk run's split)
     int8_tolerance: float = 0.005  # the int8 model is kept when its accuracy is within this of fp32's
     calibration_size: int = 256  # training images that calibrate the int8 quantization
-    device: str = "cpu"  # cpu, cuda or auto
+    device: str = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N
 
     def __post_init__(self) -> None:
         check_device(self.device)
@@ -124,17 +132,17 @@ class PersonalizeConfig:
         bad = sorted(set(self.kdg_terms) - set(KDG_TERMS))
         if bad or not self.kdg_terms:
             raise ConfigError(f"kdg_terms must be a non-empty subset of {KDG_TERMS}, got {self.kdg_terms!r}")
-        for name in ("epochs", "batch_size", "distill_batch_size", "attention_dim", "calibration_size"):
+        for name in ("train_epochs", "batch_size", "distill_batch_size", "attention_dim", "calibration_size"):
             check_int(name, getattr(self, name), 1)
         check_int("local_generator_steps", self.local_generator_steps, 0)
         if self.seed is not None:
             check_int("seed", self.seed, 0)
-        for name in ("lr", "kd_temperature"):
+        for name in ("lr", "distill_tau"):
             check_number(name, getattr(self, name), positive=True)
         for name in (
             "momentum",
             "lam",
-            "tau",
+            "alpha_regulariser_weight",
             "alpha_lr",
             "int8_tolerance",
             "kdg_dis_weight",
@@ -290,7 +298,7 @@ class _Fit:
 
     def batch_terms(self, idx: Tensor) -> dict[str, Tensor]:
         """The loss terms of one batch of real samples (and of the samples drawn alongside)."""
-        config, terms, t = self.config, self.terms, self.config.kd_temperature
+        config, terms, t = self.config, self.terms, self.config.distill_tau
         x, y = to_float(self.x_real[idx]), self.y_real[idx]
         logits = self.model(x)
         parts: dict[str, Tensor] = {}
@@ -324,7 +332,9 @@ class _Fit:
         out = self.model(to_float(self.inputs[d_idx]))
         with torch.no_grad():
             per = (out.detach() - self.knowledge[d_idx]).abs().mean(dim=1)
-            self.alpha[d_idx] = update_alpha(self.alpha[d_idx], per, lr=config.alpha_lr, tau=config.tau)
+            self.alpha[d_idx] = update_alpha(
+                self.alpha[d_idx], per, lr=config.alpha_lr, tau=config.alpha_regulariser_weight
+            )
         return config.lam * pkt_loss(out, self.knowledge[d_idx], self.alpha[d_idx])[0]
 
     def _disg(self, n: int) -> Tensor:
@@ -342,7 +352,7 @@ class _Fit:
         p_a = (attn @ p_g + p_g).clamp(0, 1).reshape(-1, *package.input_shape)
         with torch.no_grad():
             g_pa = self.global_model(p_a)
-        return config.kdg_disg_weight * kd_loss_logits(self.model(p_a), g_pa, config.kd_temperature)
+        return config.kdg_disg_weight * kd_loss_logits(self.model(p_a), g_pa, config.distill_tau)
 
 
 def _generators(state: _Fit, train: ArrayDataset, stats: dict[str, Any]) -> None:
@@ -405,7 +415,7 @@ def _fit(
             optimizer,
             n=len(x_real),
             batch_size=config.batch_size,
-            epochs=config.epochs,
+            epochs=config.train_epochs,
             generator=gen,
             device=device,
             lone_last="drop",  # BatchNorm needs >= 2 samples

@@ -72,7 +72,7 @@ def plan_flops(
         subset = min(n_train, search.max_train_samples or n_train)
         plan["reference_flops_per_image"] = flops
         if searched:
-            candidate = _pass_flops(flops, 1, search.epochs * subset, n_val)
+            candidate = _pass_flops(flops, 1, search.search_epochs * subset, n_val)
             plan["search"] = candidate * search.planned_candidates()
         epochs = search.final_training_epochs() if searched else search.final_epochs
         validated = n_val if search.plateau() is not None else n_val / max(epochs, 1)

@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from common.checks import check_int
-from common.configs import config_from_dict
+from common.configs import config_from_dict, refuse_renamed
 from common.errors import ConfigError, DataError
 from common.timing import Deadline
 from edge_sdk.data import ArrayDataset
@@ -72,7 +72,9 @@ def _strategy(name: object) -> Strategy:
 
 
 def _refuse_foreign(config_class: type[SearchConfig], options: dict[str, Any]) -> None:
-    """An option of another strategy is refused by name (an unknown one is left to the config)."""
+    """An option of another strategy is refused by name, an old name by its new one (an unknown one is
+    left to the config)."""
+    refuse_renamed(config_class, options, "search")
     own = {f.name for f in dataclasses.fields(config_class)}
     for name in sorted(options):
         users = [

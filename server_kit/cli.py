@@ -15,7 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.checks import check_output_dir
-from common.cli import Output, cli_main, expert, json_text, out_dir, out_file, print_skipped, root_parser
+from common.cli import (
+    Output,
+    cli_main,
+    expert,
+    json_text,
+    out_dir,
+    out_file,
+    print_skipped,
+    renamed_option,
+    root_parser,
+)
 from common.config_args import Flag, add_config_args, given_options, given_table
 from common.configs import config_from_dict, read_config_file
 from common.errors import ConfigError
@@ -57,7 +67,8 @@ def server_groups(p: argparse.ArgumentParser, prefix: str = "") -> dict[str, Any
 def add_server_presets(server: Any, fusion: Any) -> None:
     """The presets the server's options go over (not fields: they pick the base values), in the server's
     argument group and the fusion's."""
-    server.add_argument("--server-preset", help="aggregation preset: fast (default) or paper")
+    server.add_argument("--aggregate-preset", help="the aggregation's preset: fast (default) or paper")
+    renamed_option(server, "--server-preset", "--aggregate-preset")
     expert(
         fusion.add_argument(
             "--fusion-preset",
@@ -88,12 +99,12 @@ def _fusion(
 def aggregate_config(
     args: argparse.Namespace, given: Mapping[str, Any], *, base: AggregateConfig | None = None
 ) -> AggregateConfig:
-    """The server settings: ``--server-preset`` (or ``base``, else ``fast``) with the fields ``given``
+    """The server settings: ``--aggregate-preset`` (or ``base``, else ``fast``) with the fields ``given``
     (a nested table, :func:`common.config_args.given_table`)."""
     from server_kit.aggregate_config import AggregateConfig
 
-    if base is None or args.server_preset is not None:
-        base = AggregateConfig.preset(args.server_preset or "fast")
+    if base is None or args.aggregate_preset is not None:
+        base = AggregateConfig.preset(args.aggregate_preset or "fast")
     table = dict(given)
     fusion = table.pop("fusion", {})
     if fusion or args.fusion_preset is not None:
@@ -149,7 +160,7 @@ def cmd_evaluate(args: argparse.Namespace) -> Output:
 
 def simulate_config(args: argparse.Namespace) -> SimulateConfig:
     """The federation: ``--config`` (a TOML or YAML file, or a run's results.json to replay it) or
-    ``--method``'s preset, with every option given on the command line over it (``--out`` over the
+    ``--federation-preset``, with every option given on the command line over it (``--out`` over the
     file's out_dir). The server's precision follows ``--precision`` unless ``--aggregate-precision`` is
     given (its seed is the config's ``seed``, :class:`SimulateConfig` sees to that)."""
     from server_kit.federation import SimulateConfig
@@ -157,10 +168,10 @@ def simulate_config(args: argparse.Namespace) -> SimulateConfig:
     table = given_table(args, args.flags)
     dataset = table.pop("dataset", None)
     if args.config is not None:
-        if args.method is not None:
+        if args.federation_preset is not None:
             raise ConfigError(
-                "simulate takes --method (a preset) or --config (a file), got both; fix: drop one, or write "
-                "the preset's fields into the file (--method ... --print-config shows them)"
+                "simulate takes --federation-preset or --config (a file), got both; fix: drop one, or write "
+                "the preset's fields into the file (--federation-preset ... --print-config shows them)"
             )
         data = read_config_file(args.config)
         data |= {"dataset": dataset} if dataset is not None else {}
@@ -179,7 +190,9 @@ def simulate_config(args: argparse.Namespace) -> SimulateConfig:
             "or --config FILE naming them (dataset, out_dir)"
         )
     else:
-        base = SimulateConfig.preset(args.method or "default", dataset=dataset, out_dir=Path(args.out))
+        base = SimulateConfig.preset(
+            args.federation_preset or "default", dataset=dataset, out_dir=Path(args.out)
+        )
     server = table.pop("aggregate", {})
     if "precision" in table:
         server.setdefault("precision", table["precision"])
@@ -199,10 +212,10 @@ def cmd_simulate(args: argparse.Namespace) -> Output:
     from server_kit.federation import simulate
 
     config = simulate_config(args)
-    _usable_here(config.device, config.aggregate.device)
+    device, server_device = _usable_here(config.device, config.aggregate.device)
     if args.print_config:  # JSON in both formats: --config reads it back from a .json file
         return Output(config.to_dict(), [json_text(config.to_dict())])
-    result = simulate(config)
+    result = simulate(config, device=device, server_device=server_device)
     line = (
         f"global accuracy {result.global_accuracy:.4f} "
         f"(mean classifier client {result.mean_client_test_accuracy or float('nan'):.4f}) "
@@ -344,8 +357,9 @@ def _build_simulate(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", type=out_dir, help="output directory (rerun to resume); over the --config file's out_dir"
     )
+    renamed_option(p, "--method", "--federation-preset")
     p.add_argument(
-        "--method",
+        "--federation-preset",
         choices=["default", "fedmho"],
         help="the federation's recipe: default (searched classifiers and decoders, consensus "
         "distillation) or fedmho (FedMHO: classifier and CVAE devices, shared initial weights, FedAvg, "

@@ -39,19 +39,20 @@ PLATEAU_PATIENCE = 2
 # The presets' values of the shared fields (``fast`` = the defaults; ``paper`` = pFedZKD section 4.1.2).
 SHARED_PRESETS: dict[str, dict[str, Any]] = {
     "fast": {},
-    "paper": {"epochs": 10, "final_epochs": 50, "max_train_samples": None, "plateau_patience": 0},
+    "paper": {"search_epochs": 10, "final_epochs": 50, "max_train_samples": None, "plateau_patience": 0},
 }
 
 # A search config's record (client reports, resume keys) keeps the shape of the one SearchConfig that
 # held every strategy's options before the per-strategy configs (#19): each key below, the config's own
 # fields at their values and the other strategies' at their old defaults, so the report of a run made
 # before the split still matches its config on resume. (The old ``paper`` preset also set some of the
-# other strategies' fields; those records differ.)
+# other strategies' fields; those records differ. ``epochs`` is ``search_epochs`` since #33: records
+# written before hold the old key, which a replay refuses by name and a resume does not match.)
 RECORD_DEFAULTS: dict[str, Any] = {
     "strategy": "pso",
     "particles": 6,
     "iterations": 3,
-    "epochs": 1,
+    "search_epochs": 1,
     "repeats": 1,
     "final_epochs": 8,
     "cg": 0.5,
@@ -99,7 +100,8 @@ class SearchConfig:
     preset; ``preset("paper")`` is pFedZKD section 4.1.2.
 
     Attributes:
-        epochs: epochs each candidate architecture trains for its fitness (the search's short training).
+        search_epochs: epochs each candidate architecture trains for its fitness (the search's short
+            training).
         final_epochs: epochs the client trains the chosen architecture for after the search; none: from
             the input's training recipe, more where it augments the images (augmented training needs
             more passes before the augmentation pays).
@@ -126,8 +128,10 @@ class SearchConfig:
     strategy: ClassVar[str]
     # the strategy's own preset values, merged over SHARED_PRESETS
     own_presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    # fields renamed, old name -> new (common.configs: the old key and flag are refused naming the new)
+    renamed_keys: ClassVar[dict[str, str]] = {"epochs": "search_epochs"}
 
-    epochs: int = 1
+    search_epochs: int = 1
     final_epochs: int | None = None
     lr: float = 1e-3
     batch_size: int = 64
@@ -142,7 +146,7 @@ class SearchConfig:
     def __post_init__(self) -> None:
         if type(self) is SearchConfig:
             raise ConfigError("SearchConfig holds the shared options; build a strategy's config instead")
-        check_int("epochs", self.epochs, 1)
+        check_int("search_epochs", self.search_epochs, 1)
         if self.final_epochs is not None:
             check_int("final_epochs", self.final_epochs, 0)
         check_int("batch_size", self.batch_size, 1)

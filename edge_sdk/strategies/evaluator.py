@@ -184,7 +184,7 @@ class Evaluator:
             if reason is None and self.proxy is not None:
                 fitness, epochs = float(self.proxy(spec)), 0
             elif reason is None:
-                fitness, epochs = self._fitness(spec, key), self.config.epochs
+                fitness, epochs = self._fitness(spec, key), self.config.search_epochs
                 self.candidate_epochs += epochs
             else:
                 self.rejected += 1
@@ -210,7 +210,7 @@ class Evaluator:
         with seeded(seed, self.device):
             model = build_model(spec, self.input_shape, self.num_classes)
         config = TrainConfig(
-            epochs=self.config.epochs,
+            epochs=self.config.search_epochs,
             lr=self.config.lr,
             batch_size=self.config.batch_size,
             precision=self.precision,

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import torch
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -165,8 +166,8 @@ class SimulateConfig:
     val_fraction: float = 0.2  # share of each client's data held out for its validation
     min_size: int = 10  # fewest examples a client gets
     jobs: int = 1  # clients trained in parallel processes
-    # the clients' training device: cpu, cuda, cuda:N or auto (CUDA when present); the server has its own
-    device: str = "cpu"
+    # the clients' training device: auto (CUDA when present), cpu, cuda or cuda:N; the server has its own
+    device: str = "auto"
     progress: bool = True
     # auto: reuse the partition, client bundles and inversion chunks made with this run's settings, data and
     # code, redo the rest; strict: refuse an output directory holding any made otherwise; off: redo all
@@ -340,9 +341,12 @@ def assign_profiles(num_clients: int, profiles: tuple[str, ...], profile_map: Pa
     return names
 
 
-def _client_config(config: SimulateConfig, k: int, role: str, init: Path | None) -> ClientConfig:
+def _client_config(
+    config: SimulateConfig, k: int, role: str, init: Path | None, device: str | None = None
+) -> ClientConfig:
     """Client ``k``'s settings: the simulation's search and CVAE, seed ``seed + k``, its resolved
-    ``role`` and, when it trains a classifier, the shared initial weights ``init`` (if any)."""
+    ``role``, ``device`` (None: ``config.device``) and, when it trains a classifier, the shared initial
+    weights ``init`` (if any)."""
     return ClientConfig(
         search=config.search,
         cvae=config.cvae,
@@ -350,7 +354,7 @@ def _client_config(config: SimulateConfig, k: int, role: str, init: Path | None)
         precision=config.precision,
         val_fraction=config.val_fraction,
         seed=config.seed + k,
-        device=config.device,
+        device=config.device if device is None else device,
         progress=config.progress and config.jobs == 1,
         role=role,
         init=str(init) if init is not None and role != "cvae" else None,
@@ -368,13 +372,19 @@ class ClientPlan:
     init: Path | None
 
 
-def plan_clients(config: SimulateConfig, task: ArrayDataset) -> ClientPlan:
+def plan_clients(
+    config: SimulateConfig, task: ArrayDataset, *, device: torch.device | None = None
+) -> ClientPlan:
     """The plan of ``config``'s federation on ``task`` (a data set of the task: its shape and classes);
-    writes ``out_dir/init.onnx`` when the clients share initial weights (:func:`_shared_init`)."""
+    writes ``out_dir/init.onnx`` when the clients share initial weights (:func:`_shared_init`).
+    ``device``: the clients' device resolved where they run (this machine, in :func:`simulate`); None
+    leaves ``config.device`` for each client to resolve on its own (a Flower server plans for clients
+    elsewhere)."""
     names = assign_profiles(config.num_clients, config.profiles, config.profile_map)
     roles = _roles(config, names, task)
     init = _shared_init(config, roles, task)
-    configs = tuple(_client_config(config, k, roles[k], init) for k in range(config.num_clients))
+    where = None if device is None else str(device)
+    configs = tuple(_client_config(config, k, roles[k], init, where) for k in range(config.num_clients))
     return ClientPlan(tuple(names), configs, init)
 
 
@@ -545,15 +555,25 @@ class SimulateResult:
         }
 
 
-def simulate(config: SimulateConfig) -> SimulateResult:
-    """Run the federation, write ``out_dir/results.json`` and return what it holds."""
+def simulate(
+    config: SimulateConfig,
+    *,
+    device: torch.device | None = None,
+    server_device: torch.device | None = None,
+) -> SimulateResult:
+    """Run the federation, write ``out_dir/results.json`` and return what it holds.
+
+    ``device`` and ``server_device``: the clients' and the server's devices as the caller resolved them
+    (the CLI, which checks them before any work); None resolves ``config.device`` and
+    ``config.aggregate.device`` here. Either way each is resolved once and passed on."""
 
     out = config.out_dir
     assign_profiles(config.num_clients, config.profiles, config.profile_map)  # a bad name fails first
     for name in ("data", "clients", "server", "personal"):  # a link there would take the files elsewhere
         check_real_dir(out / name)
-    resolve_device(config.device)  # a missing GPU too, before the partition (clients resolve their own)
-    server_device = resolve_device(config.aggregate.device)  # the server's, resolved once, passed on
+    # a missing GPU too, before the partition
+    client_device = resolve_device(config.device) if device is None else device
+    server_device = resolve_device(config.aggregate.device) if server_device is None else server_device
     seconds: dict[str, float] = {}
     started_at = time.time()  # phases follow in the order of ``seconds`` (benchmarks/speed.py)
     wall = time.perf_counter()
@@ -566,7 +586,7 @@ def simulate(config: SimulateConfig) -> SimulateResult:
         with timed(seconds, "partition"):
             _ensure_partition(config, out / "data", pool)
         t0 = time.perf_counter()  # not `timed`: the phase ends after the worker pool has shut down, below
-        clients_run = _run_clients(config, out, pool)
+        clients_run = _run_clients(config, out, pool, client_device)
     seconds["clients"] = time.perf_counter() - t0
     bundles, names, verdicts, todo = clients_run
 
@@ -631,16 +651,16 @@ def _ensure_partition(config: SimulateConfig, data_dir: Path, pool: Any) -> None
 
 
 def _run_clients(
-    config: SimulateConfig, out: Path, pool: Any
+    config: SimulateConfig, out: Path, pool: Any, device: torch.device
 ) -> tuple[list[Path], list[str], list[Verdict], list[int]]:
-    """Every client (each one a device) that has no reusable bundle, so a killed run resumes: (bundles,
-    profile names, verdicts, the clients that ran)."""
+    """Every client (each one a device, training on ``device``) that has no reusable bundle, so a killed
+    run resumes: (bundles, profile names, verdicts, the clients that ran)."""
     names_on_disk = _client_names(config.num_clients)
     data_paths = [out / "data" / f"{name}.npz" for name in names_on_disk]
     client_dir = out / "clients"
     make_real_dir(client_dir)
     bundles = [client_dir / f"{name}.bundle" for name in names_on_disk]
-    plan = plan_clients(config, load_client_data(out / "data" / "test.npz"))
+    plan = plan_clients(config, load_client_data(out / "data" / "test.npz"), device=device)
     names, client_configs = list(plan.profiles), list(plan.configs)
     verdicts = [
         Verdict(False, "--resume off")

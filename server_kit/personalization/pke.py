@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -49,17 +49,20 @@ class PKEConfig:
     """PKE knobs. FedPD's best settings: server lr 1e-3, batch 40, mu 0.6, 40 server epochs; ``fast``
     trains 5 epochs on at most 2,000 distillation inputs (server models start from the global student)."""
 
-    epochs: int = 5  # server-model epochs
+    # fields renamed, old name -> new (common.configs: the old key and flag are refused naming the new)
+    renamed_keys: ClassVar[dict[str, str]] = {"epochs": "train_epochs"}
+
+    train_epochs: int = 5  # epochs of training each client's server model
     lr: float = 1e-3  # server-model Adam learning rate
     batch_size: int = 40
     mu: float = 0.6  # proximal weight to the mean extractor
     max_inputs: int = 2000  # distillation inputs per package
     seed: int = 0
-    device: str = "cpu"  # cpu or cuda
+    device: str = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N
 
     def __post_init__(self) -> None:
         check_device(self.device)
-        for name in ("epochs", "batch_size", "max_inputs"):
+        for name in ("train_epochs", "batch_size", "max_inputs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -110,7 +113,7 @@ def train_server_models(
     x = x.to(device)
     optimizers = [torch.optim.Adam(m.to(device).parameters(), lr=config.lr) for m in models]
     curves: list[list[float]] = [[] for _ in models]
-    bar = tqdm(total=config.epochs * len(models), desc="PKE", unit="model-epoch", disable=not progress)
+    bar = tqdm(total=config.train_epochs * len(models), desc="PKE", unit="model-epoch", disable=not progress)
     with seeded(config.seed, device):  # the Dropout stream: the same knowledge on every run
         _train_epochs(models, optimizers, names, x, knowledge, gen, config, curves, bar)
     bar.close()
@@ -131,7 +134,7 @@ def _train_epochs(
     bar: tqdm,
 ) -> None:
     device = x.device
-    for _ in range(config.epochs):
+    for _ in range(config.train_epochs):
         with torch.no_grad():
             params = [dict(m.named_parameters()) for m in models]
             mean = {k: torch.stack([p[k].detach() for p in params]).mean(0) for k in names}
@@ -285,7 +288,7 @@ def _write_packages(
     """One package per client (its personalised knowledge on the shared inputs) and its report row."""
     x = inputs.x
     x_uint8 = (x * 255).round().to(torch.uint8).numpy()
-    knobs = {"mu": float(config.mu), "epochs": config.epochs, "lr": float(config.lr), "inputs": len(x)}
+    knobs = {"mu": float(config.mu), "epochs": config.train_epochs, "lr": float(config.lr), "inputs": len(x)}
     paths, rows = [], []
     for teacher, zs, z, curve in zip(inputs.teachers, server_knowledge, knowledge, curves, strict=True):
         client = names[Path(teacher.path).resolve()]  # type: ignore[arg-type]

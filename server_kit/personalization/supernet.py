@@ -3,7 +3,7 @@
 HAPFNAS distils the ensemble of client models into the elastic supernet on a public unlabeled set with
 the sandwich rule and inplace distillation (Eq. 6): every step, the largest subnet learns the ensemble's
 mean logits, and the smallest plus ``random_subnets`` uniformly drawn subnets learn the largest subnet's
-(detached) output; KL at temperature ``tau`` (1.0 in the paper). We have no public data, so the inputs are
+(detached) output; KL at temperature ``distill_tau`` (1.0 in the paper). We have no public data, so the inputs are
 the aggregation's synthetic set (``synthetic.npz``); a public unlabeled ``.npz`` can be given instead.
 The trained supernet is written with :func:`edge_sdk.models.elastic.supernet_file.save_supernet`
 (safetensors, no pickle).
@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -41,15 +41,21 @@ __all__ = ["SupernetConfig", "supernet_from_bundles", "train_supernet"]
 
 @dataclass(frozen=True, kw_only=True)
 class SupernetConfig:
-    """Sandwich-rule training knobs (Adam; ``random_subnets`` is k of Eq. 6, ``tau`` the KL temperature)."""
+    """Sandwich-rule training knobs (Adam; ``random_subnets`` is k of Eq. 6, ``distill_tau`` the KL
+    temperature)."""
+
+    # fields renamed, old name -> new (common.configs: the old key and flag are refused naming the new)
+    renamed_keys: ClassVar[dict[str, str]] = {"tau": "distill_tau"}
 
     steps: int = 300  # sandwich-rule steps
     batch_size: int = 64
     lr: float = 1e-3  # Adam learning rate
     random_subnets: int = 2  # k random subnets per step
-    tau: float = 1.0  # KL temperature
+    # distillation temperature: of the KL from the teachers' mean to the largest subnet, and from it to
+    # the others
+    distill_tau: float = 1.0
     seed: int = 0
-    device: str = "cpu"  # cpu or cuda
+    device: str = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N
 
     def __post_init__(self) -> None:
         check_device(self.device)
@@ -57,7 +63,7 @@ class SupernetConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-        for name in ("lr", "tau"):
+        for name in ("lr", "distill_tau"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
@@ -84,14 +90,15 @@ def train_supernet(
     num_classes: int,
     config: SupernetConfig,
     progress: bool = False,
+    device: torch.device | None = None,
 ) -> tuple[SuperNet, list[float]]:
     """Train a fresh supernet on ``x`` (float N x C x H x W in [0, 1]); returns it (eval mode) and the
-    summed sandwich loss of every step."""
+    summed sandwich loss of every step. ``device``: the caller's, resolved once (else ``config.device``)."""
     if not teachers:
         raise ConfigError("supernet training needs at least one teacher")
     if x.ndim != 4 or len(x) < 2:
         raise DataError(f"x must be N x C x H x W with N >= 2, got {tuple(x.shape)}")
-    device = resolve_device(config.device)
+    device = resolve_device(config.device) if device is None else device
     targets = _ensemble_logits(teachers, x, device)
     with seeded(config.seed):
         supernet = SuperNet(input_shape, num_classes)
@@ -107,10 +114,11 @@ def train_supernet(
             idx = torch.randint(len(x), (config.batch_size,), generator=gen).to(device)
             xb = x_dev[idx]
             out_large = supernet(xb, big)
-            loss = kd_loss_logits(out_large, t_dev[idx], config.tau)  # ensemble -> largest
+            loss = kd_loss_logits(out_large, t_dev[idx], config.distill_tau)  # ensemble -> largest
             guide = out_large.detach()
             for spec in [small, *(sample_elastic(rng) for _ in range(config.random_subnets))]:
-                loss = loss + kd_loss_logits(supernet(xb, spec), guide, config.tau)  # inplace distillation
+                guided = kd_loss_logits(supernet(xb, spec), guide, config.distill_tau)
+                loss = loss + guided  # inplace distillation
             step(optimizer, loss)
             losses.append(float(loss.detach()))
     return supernet.cpu().eval(), losses
@@ -128,7 +136,8 @@ def supernet_from_bundles(
     """`server-kit supernet`: teachers from the bundles, inputs from the aggregation's synthetic set (or
     a public unlabeled ``.npz`` with uint8 ``x``); writes the supernet file and ``<out>.json``."""
     t0 = time.perf_counter()
-    teachers, skipped = load_teachers(bundle_paths, device=config.device)
+    device = resolve_device(config.device)  # once: the teachers and the training use it
+    teachers, skipped = load_teachers(bundle_paths, device=device)
     shape = tuple(teachers[0].bundle.input_shape)
     classes = teachers[0].bundle.num_classes
     if unlabeled is not None:
@@ -151,6 +160,7 @@ def supernet_from_bundles(
         num_classes=classes,
         config=config,
         progress=progress,
+        device=device,
     )
     provenance = {"data": source, "teachers": len(teachers), "steps": config.steps, "seed": config.seed}
     path = save_supernet(supernet, out, provenance=provenance)

@@ -78,7 +78,7 @@ def test_run_client_keeps_the_most_accurate_finalist(
     for name in ("val_accuracy", "val_loss", "train_loss"):
         assert classifier[name][best - 1] == pytest.approx(bundle.metrics[name], rel=1e-5)
     assert classifier["train_loss"][-1] < classifier["train_loss"][0]
-    assert check_curve(curves["search"], "search")["epoch"] == list(range(1, search.epochs + 1))
+    assert check_curve(curves["search"], "search")["epoch"] == list(range(1, search.search_epochs + 1))
     assert all(not isinstance(v, list) for v in bundle.metrics.values())  # the manifest stays scalar
 
 

@@ -95,7 +95,7 @@ def test_cli_train_and_export_carry_the_unknown_output(tmp_path: Path, capsys) -
 
     data = save_client_data(tmp_path / "d.npz", load_dataset("digits").subset(np.arange(120)))
     model, bundle = tmp_path / "m.onnx", tmp_path / "c.bundle"
-    argv = ["train", "--data", str(data), "--arch", "C4k3-P-F10", "--epochs", "1", "--quiet"]
+    argv = ["train", "--data", str(data), "--arch", "C4k3-P-F10", "--train-epochs", "1", "--quiet"]
     assert main([*argv, "--out", str(model), "--unknown-output"]) == 0
     assert main(["export", "--model", str(model), "--profile", "laptop-cpu", "--out", str(bundle)]) == 0
     assert read_bundle(bundle).unknown_output and read_bundle(bundle).num_outputs == 11

@@ -70,7 +70,7 @@ def test_mu_pulls_server_extractors_together():
             with torch.random.fork_rng():
                 torch.manual_seed(k)
                 models.append(build_model("C4k3-P-F8-F3", SHAPE, L))
-        config = PKEConfig(epochs=4, batch_size=8, mu=mu, lr=1e-2)
+        config = PKEConfig(train_epochs=4, batch_size=8, mu=mu, lr=1e-2)
         train_server_models(models, x, knowledge, config=config)
         names = extractor_names(models[0])
         assert not any(n.startswith("head") for n in names)
@@ -88,7 +88,10 @@ def federation(tmp_path_factory, bundles):  # noqa: F811
     tmp = tmp_path_factory.mktemp("personal")
     aggregate(bundles, tmp / "server", config=tiny_config(synth=("generator",), generator=TINY_GENERATOR))
     result = personalize_server(
-        bundles, tmp / "server", tmp / "packages", config=PKEConfig(epochs=1, batch_size=8, max_inputs=16)
+        bundles,
+        tmp / "server",
+        tmp / "packages",
+        config=PKEConfig(train_epochs=1, batch_size=8, max_inputs=16),
     )
     gen = torch.Generator().manual_seed(1)
     data = ArrayDataset(
@@ -119,7 +122,9 @@ def test_bundles_with_the_same_file_name_get_distinct_packages(capsys, federatio
         target.parent.mkdir(exist_ok=True)
         shutil.copyfile(source, target)
     argv = ["personalize", *map(str, same), "--aggregate", str(tmp / "server"), "--out", str(tmp / "same")]
-    assert server_main([*argv, "--epochs", "1", "--batch-size", "8", "--max-inputs", "16", "--quiet"]) == 0
+    assert (
+        server_main([*argv, "--train-epochs", "1", "--batch-size", "8", "--max-inputs", "16", "--quiet"]) == 0
+    )
     assert "wrote 2 packages" in capsys.readouterr().out
     written = sorted((tmp / "same").glob("*.package"))
     assert [p.name for p in written] == ["client-0.package", "client-1.package"]
@@ -128,7 +133,9 @@ def test_bundles_with_the_same_file_name_get_distinct_packages(capsys, federatio
         assert package.client == path.stem
         package.check_for(read_bundle(bundle_path).model_onnx)  # each one for its own client
     with pytest.raises(ConfigError, match="more than once"):
-        personalize_server([same[0], same[0]], tmp / "server", tmp / "twice", config=PKEConfig(epochs=1))
+        personalize_server(
+            [same[0], same[0]], tmp / "server", tmp / "twice", config=PKEConfig(train_epochs=1)
+        )
     assert not (tmp / "twice").exists()
 
 
@@ -137,7 +144,10 @@ def test_bundles_as_bytes_give_the_same_packages(federation, bundles):  # noqa: 
     tmp, result, _ = federation
     uploads = {Path(path).name: Path(path).read_bytes() for path in bundles}
     again = personalize_server(
-        uploads, tmp / "server", tmp / "from_bytes", config=PKEConfig(epochs=1, batch_size=8, max_inputs=16)
+        uploads,
+        tmp / "server",
+        tmp / "from_bytes",
+        config=PKEConfig(train_epochs=1, batch_size=8, max_inputs=16),
     )
     assert [p.name for p in again.packages] == [p.name for p in result.packages]
     for ours, theirs in zip(again.packages, result.packages, strict=True):
@@ -149,7 +159,7 @@ def test_each_method_writes_deployable_models(federation, bundles, method):  # n
     tmp, result, data = federation
     config = PersonalizeConfig(
         method=method,
-        epochs=1,
+        train_epochs=1,
         batch_size=8,
         distill_batch_size=8,
         local_generator_steps=2,
@@ -227,7 +237,7 @@ def test_a_hostile_package_is_refused_before_its_models_load_or_run(federation, 
     config = PersonalizeConfig(
         method="kdg",
         kdg_terms=("pre", "tea"),
-        epochs=1,
+        train_epochs=1,
         batch_size=8,
         calibration_size=8,
         local_generator_steps=0,
@@ -249,7 +259,7 @@ def test_cli_runs_and_refuses_bad_knobs(federation, bundles, tmp_path, capsys): 
                 *args,
                 "--method",
                 "finetune",
-                "--epochs",
+                "--train-epochs",
                 "1",
                 "--batch-size",
                 "8",
@@ -282,13 +292,13 @@ def test_a_federation_with_an_unknown_output_teacher_aggregates_and_personalizes
         paths,
         tmp_path / "server",
         tmp_path / "packages",
-        config=PKEConfig(epochs=1, batch_size=8, max_inputs=16),
+        config=PKEConfig(train_epochs=1, batch_size=8, max_inputs=16),
     )
     gen = torch.Generator().manual_seed(1)
     data = ArrayDataset(
         torch.randint(0, 256, (40, *SHAPE), generator=gen, dtype=torch.uint8), torch.arange(40) % L, L
     )
-    config = PersonalizeConfig(method="pkt", epochs=1, batch_size=8, calibration_size=16)
+    config = PersonalizeConfig(method="pkt", train_epochs=1, batch_size=8, calibration_size=16)
     res = personalize(
         data, read_bundle(fedov), read_package(result.packages[2]), tmp_path / "dev", config=config
     )

@@ -344,7 +344,7 @@ def test_presets() -> None:
     assert build_search_config("fast") == PSOConfig()
     paper = build_search_config("paper")
     assert isinstance(paper, PSOConfig)
-    assert (paper.particles, paper.iterations, paper.epochs, paper.repeats, paper.final_epochs) == (
+    assert (paper.particles, paper.iterations, paper.search_epochs, paper.repeats, paper.final_epochs) == (
         20,
         10,
         10,
@@ -415,13 +415,13 @@ def test_replace_switches_strategy_keeping_the_shared_options() -> None:
 def test_record_keeps_the_single_config_shape() -> None:
     """The default PSO config records what the one SearchConfig of before the split recorded, plus the
     halving and plateau fields (#32: a resume redoes a client trained without them) and the training
-    recipe's (#31, likewise); other strategies
-    fill the foreign keys with those defaults."""
+    recipe's (#31, likewise), with ``epochs`` named ``search_epochs`` (#33); other strategies fill the
+    foreign keys with those defaults."""
     old_default = {
         "strategy": "pso",
         "particles": 6,
         "iterations": 3,
-        "epochs": 1,
+        "search_epochs": 1,
         "repeats": 1,
         "final_epochs": 8,
         "cg": 0.5,

@@ -65,7 +65,7 @@ def consume_package(path: Path, seeds: seeds_module.Seeds, workdir: Path) -> lis
     config = PersonalizeConfig(
         method="kdg",
         kdg_terms=("pre", "tea"),
-        epochs=1,
+        train_epochs=1,
         batch_size=16,
         calibration_size=8,
         local_generator_steps=0,

@@ -156,7 +156,7 @@ def test_every_light_command_prints_one_json_object(capsys, tmp_path, data, bund
     assert result["wrote"] == str(tmp_path / "me.toml") and result["profile"]["gflops"] > 0
 
     model, bundle = tmp_path / "m.onnx", tmp_path / "m.bundle"
-    train = ["train", "--data", str(data), "--arch", "C4k3-P-F10", "--epochs", "1", "--quiet"]
+    train = ["train", "--data", str(data), "--arch", "C4k3-P-F10", "--train-epochs", "1", "--quiet"]
     result = _json(capsys, edge_main, [*train, "--out", str(model)])
     assert result["arch"] == "C4k3-P-F10" and 0 <= result["metrics"]["val_accuracy"] <= 1
     result = _json(capsys, edge_main, ["export", "--model", str(model), "--profile", "laptop-cpu", "--out",
@@ -167,7 +167,7 @@ def test_every_light_command_prints_one_json_object(capsys, tmp_path, data, bund
     assert _json(capsys, edge_main, ["upgrade", str(bundle)])["upgraded"] == {str(bundle): False}
 
     search = ["search", "--data", str(data), "--profile", "laptop-cpu", "--out", str(tmp_path / "s.json"),
-              "--particles", "2", "--iterations", "1", "--epochs", "1", "--final-epochs", "1",
+              "--particles", "2", "--iterations", "1", "--search-epochs", "1", "--final-epochs", "1",
               "--quiet"]  # fmt: skip
     result = _json(capsys, edge_main, search)
     assert result["best_spec"] == json.loads((tmp_path / "s.json").read_text())["best_spec"]
@@ -226,15 +226,15 @@ def test_help_shows_defaults_choices_and_one_meaning_per_name(capsys):
     assert "clients in the federation (default: 10)" in text
     assert "Dirichlet concentration of the label skew (default: 0.5)" in text
     assert "(default: 0)" in text and "(default: None)" not in text
-    assert "--strategy {pso,fixed,random-pool,evolution}" in text and "--preset {fast,paper}" in text
+    assert "--strategy {pso,fixed,random-pool,evolution}" in text and "--search-preset {fast,paper}" in text
     assert "--resume {auto,strict,off}" in text and "(default: auto)" in text  # a Literal field's choices
-    assert "--distill-tau" in text and "--tau " not in text  # --tau is edge-sdk personalize's PKT knob
-    assert "--tau FLOAT PKT regulariser" in helps(edge_main, "personalize")
+    assert "--distill-tau" in text and "--tau " not in text  # every tau is a temperature, named by its phase
+    assert "--alpha-regulariser-weight FLOAT" in helps(edge_main, "personalize")
     assert "--format {text,json}" in helps(edge_main, "profiles")
 
 
 def test_the_cli_choices_are_the_registries(capsys):
-    """--strategy and --preset offer what the registries hold (the CLI reads them when it builds the
+    """--strategy and --search-preset offer what the registries hold (the CLI reads them when it builds the
     command's options)."""
     from edge_sdk.search import STRATEGIES
     from edge_sdk.strategies.base import SHARED_PRESETS
@@ -243,7 +243,7 @@ def test_the_cli_choices_are_the_registries(capsys):
         edge_main(["run", "--help"])
     text = capsys.readouterr().out
     assert f"--strategy {{{','.join(STRATEGIES)}}}" in text
-    assert f"--preset {{{','.join(SHARED_PRESETS)}}}" in text
+    assert f"--search-preset {{{','.join(SHARED_PRESETS)}}}" in text
 
 
 def test_distill_tau_reaches_the_distillation_config():

@@ -107,8 +107,8 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     # the paper's setting on a small task: classifier and CVAE devices alternate, the classifiers share
     # the server's initial weights and upload no decoder, the server averages them and fuses (MD)
     args = [
-        "simulate", "--method", "fedmho", "--dataset", "digits", "--num-clients", "4", "--alpha", "1.0",
-        "--seed", "0", "--quiet", "--jobs", "2", "--out", str(tmp_path),
+        "simulate", "--federation-preset", "fedmho", "--dataset", "digits", "--num-clients", "4",
+        "--alpha", "1.0", "--seed", "0", "--quiet", "--jobs", "2", "--out", str(tmp_path),
     ]  # fmt: skip
     assert main(args) == 0
     results = json.loads((tmp_path / "results.json").read_text())
@@ -133,6 +133,7 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["resumed_clients"] == 4
     assert json.loads((tmp_path / "server" / "report.json").read_text())["training"] == "FedMHO-sd"
     # other initial weights are another client setting: a resume would train the classifiers again
+    from common.device import resolve_device
     from edge_sdk.shared_init import initial_weights
     from server_kit.federation.resume import client_verdict as _client_verdict
     from server_kit.federation.simulate import SimulateConfig, _client_config, _resume_key
@@ -140,9 +141,10 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     config = SimulateConfig.preset("fedmho", dataset="digits", out_dir=tmp_path, num_clients=4, alpha=1.0)
     bundle, data = tmp_path / "clients" / "client_00.bundle", tmp_path / "data" / "client_00.npz"
     init = tmp_path / "init.onnx"
-    client = _client_config(config, 0, "classifier", init)
+    device = str(resolve_device(config.device))  # the clients ran on the device simulate resolved
+    client = _client_config(config, 0, "classifier", init, device)
     assert _client_verdict(bundle, _resume_key(client, data, "laptop-cpu")).reuse
     init.write_bytes(initial_weights(config.search.fixed_arch, (1, 8, 8), 10, seed=1))
-    client = _client_config(config, 0, "classifier", init)
+    client = _client_config(config, 0, "classifier", init, device)
     changed = _client_verdict(bundle, _resume_key(client, data, "laptop-cpu"))
     assert not changed.reuse and changed.differs == ("config.init.sha256",)

@@ -78,7 +78,9 @@ def test_the_simulation_engine_reproduces_simulate(tmp_path, monkeypatch):
     monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     fed = tiny_federation(tmp_path / "flower")
-    config = FlowerServerConfig(federation=fed, personalize=True, pke=PKEConfig(epochs=1, max_inputs=32))
+    config = FlowerServerConfig(
+        federation=fed, personalize=True, pke=PKEConfig(train_epochs=1, max_inputs=32)
+    )
     run_simulation(
         server_app=make_server_app(config),
         client_app=flower_client.app,
@@ -118,7 +120,7 @@ def test_the_deployment_engine_round_on_localhost(tmp_path):
         pytest.fail(f"the [flower] extra's commands must be in {bin_dir} and setsid on PATH")
     small = (
         "search.final_epochs=2 aggregate.inversion.samples_per_teacher=50 aggregate.inversion.steps=5 "
-        "aggregate.distill.epochs=2 pke.epochs=1 pke.max_inputs=64"
+        "aggregate.distill.epochs=2 pke.train_epochs=1 pke.max_inputs=64"
     )
     env = {**os.environ, "BIN": str(bin_dir), "ENGINES": "deployment", "EXTRA_RUN_CONFIG": small}
     done = subprocess.run(
@@ -263,7 +265,9 @@ def test_the_round_goes_on_without_a_bad_reply(identity, tmp_path, good_bundle):
 
     fed = tiny_federation(tmp_path / "run", num_clients=4)
     fed = dataclasses.replace(fed, profiles=("laptop-cpu",), decoders=False, min_size=5)
-    config = FlowerServerConfig(federation=fed, personalize=True, pke=PKEConfig(epochs=1, max_inputs=16))
+    config = FlowerServerConfig(
+        federation=fed, personalize=True, pke=PKEConfig(train_epochs=1, max_inputs=16)
+    )
     result = run_round(_Grid(4, tamper), config)
     assert [(r.client, r.node_id) for r in result.refused] == [
         ("client_01", 101),

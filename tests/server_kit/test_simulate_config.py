@@ -57,7 +57,9 @@ def test_a_search_record_drops_the_other_strategies_keys_only_at_their_record_de
     # a table a person wrote: an option of another strategy is refused by name, the rest over the base
     with pytest.raises(ConfigError, match="'particles' does not apply to strategy 'fixed'"):
         search_config_from_dict({"strategy": "fixed", "particles": 6})
-    assert search_config_from_dict({"epochs": 2}, PSOConfig(particles=3)) == PSOConfig(particles=3, epochs=2)
+    assert search_config_from_dict({"search_epochs": 2}, PSOConfig(particles=3)) == PSOConfig(
+        particles=3, search_epochs=2
+    )
     with pytest.raises(ConfigError, match="strategy must be one of"):
         search_config_from_dict({"strategy": "annealing"})
 
@@ -103,7 +105,9 @@ def test_without_a_file_the_flags_keep_their_old_defaults(tmp_path, capsys):
     printed = _printed(capsys, ["simulate", "--dataset", "digits", "--out", str(tmp_path / "o")])
     expected = SimulateConfig(dataset="digits", out_dir=tmp_path / "o").to_dict()
     assert printed == json.loads(json.dumps(expected))
-    fedmho = _printed(capsys, ["simulate", "--method", "fedmho", "--dataset", "digits", "--out", "o"])
+    fedmho = _printed(
+        capsys, ["simulate", "--federation-preset", "fedmho", "--dataset", "digits", "--out", "o"]
+    )
     assert fedmho == json.loads(
         json.dumps(SimulateConfig.preset("fedmho", dataset="digits", out_dir="o").to_dict())
     )
@@ -150,7 +154,11 @@ def test_a_missing_gpu_is_refused_before_the_partition(tmp_path, monkeypatch):
             r"unknown keys \['epoch'\] in config\.aggregate\.distill; valid keys are \['batch_size', ",
         ),
         ('dataset = "digits"\n', [], "without out_dir; fix: add it to the file, or give --out"),
-        ('dataset = "digits"\n', ["--out", "o", "--method", "fedmho"], "takes --method .* or --config"),
+        (
+            'dataset = "digits"\n',
+            ["--out", "o", "--federation-preset", "fedmho"],
+            "takes --federation-preset or --config",
+        ),
         (
             'dataset = "digits"\nnum_clients = 0\n',
             ["--out", "o"],
