@@ -3,10 +3,10 @@
 HAPFNAS distils the ensemble of client models into the elastic supernet on a public unlabeled set with
 the sandwich rule and inplace distillation (Eq. 6): every step, the largest subnet learns the ensemble's
 mean logits, and the smallest plus ``random_subnets`` uniformly drawn subnets learn the largest subnet's
-(detached) output; KL at temperature ``distill_tau`` (1.0 in the paper). We have no public data, so the inputs are
-the aggregation's synthetic set (``synthetic.npz``); a public unlabeled ``.npz`` can be given instead.
-The trained supernet is written with :func:`edge_sdk.models.elastic.supernet_file.save_supernet`
-(safetensors, no pickle).
+(detached) output; KL at temperature ``distill_tau`` (1.0 in the paper). We have no public data, so the
+inputs are the aggregation's synthetic set (``synthetic.npz``); a public unlabeled ``.npz`` can be given
+instead. The trained supernet is written with
+:func:`edge_sdk.models.elastic.supernet_file.save_supernet` (safetensors, no pickle).
 """
 
 from __future__ import annotations
