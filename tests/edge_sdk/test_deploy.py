@@ -252,8 +252,8 @@ def test_a_client_bundle_deploys_its_classifier(tmp_path) -> None:
 
 
 def test_a_folded_batchnorm_model_is_refused_by_the_torch_targets(tmp_path, monkeypatch) -> None:
-    """A personalized deploy.onnx has BatchNorm folded: its weights cannot be put back into the
-    architecture, so the torch-based targets refuse it in one line (onnx and ort take it)."""
+    """A model exported with BatchNorm folded (keep_batchnorm=False): its weights cannot be put back into
+    the architecture, so the torch-based targets refuse it in one line (onnx and ort take it)."""
     monkeypatch.setitem(sys.modules, "executorch", sys.modules[__name__])  # present, never reached
     arch = FAMILIES["elastic"]
     module = build_model(arch, (1, 8, 8), 10).eval()
