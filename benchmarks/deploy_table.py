@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import ExportError
 from edge_sdk.data import load_client_data, load_dataset
 from edge_sdk.deploy import TARGETS, DeployConfig, deploy
 from edge_sdk.train import to_float
@@ -218,6 +219,48 @@ def _deployed(src: Path, out: Path, target: str, int8: bool, calibration: np.nda
     return report, seconds
 
 
+def _row(
+    src: Path, work: Path, target: str, int8: bool, row: dict, args: argparse.Namespace, data: dict
+) -> dict:
+    """One target and precision: deployed (unless ``--timing-only`` finds the artifact), run on the test
+    images, timed; a deploy that refuses the model is recorded with its one-line reason."""
+    x, y, ref = data["x"], data["y"], data["ref"]
+    precision = "int8" if int8 else "fp32"
+    out = work / f"{target}.{precision}{TARGETS[target].suffix}"  # two targets write .pte
+    runtime, dist, converters = RUNTIMES[target]
+    row |= {
+        "target": target,
+        "precision": precision,
+        "computes": COMPUTES.get(target, "int8" if int8 else "float32"),
+        "runtime": runtime,
+        "runtime_version": _version(dist),
+        "converters": {c: _version(c) for c in converters},
+    }
+    if not (args.timing_only and out.exists()):
+        # executorch-train checks its forward in batches with the backward: seconds each, so fewer images
+        calibration = data["calibration"][: args.train_images if target == "executorch-train" else None]
+        try:
+            report, seconds = _deployed(src, out, target, int8, calibration)
+        except ExportError as err:  # the deploy's own refusal (e.g. int8's agreement rule): a result
+            out.unlink(missing_ok=True)
+            return row | {"refused": str(err), "size_bytes": None}
+        if not args.timing_only:
+            row |= report | {"deploy_seconds": round(seconds, 2)}
+    row["size_bytes"] = _artifact_files(out, (out,))[out.name]
+    if TARGETS[target].run is not None and not args.timing_only:
+        n = args.train_images if target == "executorch-train" else len(x)
+        row |= _accuracy(target, {"": out.read_bytes()}, x[:n], y[:n], ref[:n])
+        base = float(np.mean(ref[:n].argmax(1) == y[:n]))
+        row |= {"test_images": len(x[:n]), "onnx_fp32_accuracy_same_images": round(base, 6)}
+        row["delta_points"] = round(100 * (row["accuracy"] - base), 4)
+        row["bound_points"] = INT8_BOUND if int8 else FP32_BOUND
+        row["within_bound"] = abs(row["delta_points"]) <= row["bound_points"] + 1e-9
+    if target in LOADERS:
+        row |= _timing(target, out, x, args.loads, args.warmup, args.runs)
+        row["timed_on"] = args.machine_note
+    return row
+
+
 def measure_model(name: str, src: Path, args: argparse.Namespace, targets: list[str], data: dict) -> dict:
     """Deploy ``src`` to each target (fp32, and int8 where it applies) and measure each artifact; the rows
     merged into ``OUT/NAME.json`` (rows of other targets kept, so each environment adds its own)."""
@@ -248,37 +291,9 @@ def measure_model(name: str, src: Path, args: argparse.Namespace, targets: list[
     done: list[str] = []
     for target in targets:
         for int8 in (False, True) if TARGETS[target].int8 else (False,):
-            precision = "int8" if int8 else "fp32"
-            key = f"{target} {precision}"
-            out = work / f"{target}.{precision}{TARGETS[target].suffix}"  # two targets write .pte
-            row = record["rows"].get(key, {}) if args.timing_only else {}
-            if not (args.timing_only and out.exists()):
-                report, seconds = _deployed(src, out, target, int8, calibration)
-                if not args.timing_only:
-                    row |= report | {"deploy_seconds": round(seconds, 2)}
-            runtime, dist, converters = RUNTIMES[target]
-            row |= {
-                "target": target,
-                "precision": precision,
-                "computes": COMPUTES.get(target, "int8" if int8 else "float32"),
-                "size_bytes": _artifact_files(out, (out,))[out.name],
-                "runtime": runtime,
-                "runtime_version": _version(dist),
-                "converters": {c: _version(c) for c in converters},
-            }
-            if TARGETS[target].run is not None and not args.timing_only:
-                n = args.train_images if target == "executorch-train" else len(x)
-                row |= _accuracy(target, {"": out.read_bytes()}, x[:n], y[:n], ref[:n])
-                row["test_images"] = len(x[:n])
-                base = onnx_accuracy if n >= len(x) else float(np.mean(ref[:n].argmax(1) == y[:n]))
-                row["onnx_fp32_accuracy_same_images"] = round(base, 6)
-                row["delta_points"] = round(100 * (row["accuracy"] - base), 4)
-                row["bound_points"] = INT8_BOUND if int8 else FP32_BOUND
-                row["within_bound"] = abs(row["delta_points"]) <= row["bound_points"] + 1e-9
-            if target in LOADERS:
-                row |= _timing(target, out, x, args.loads, args.warmup, args.runs)
-                row["timed_on"] = args.machine_note
-            record["rows"][key] = row
+            key = f"{target} {'int8' if int8 else 'fp32'}"
+            old = record["rows"].get(key, {}) if args.timing_only else {}
+            record["rows"][key] = row = _row(src, work, target, int8, old, args, data | {"ref": ref})
             done.append(key)
             print(f"  {key}: {_line(row)}", flush=True)
     # read again before writing: another environment's run may have added its rows meanwhile
@@ -291,6 +306,8 @@ def measure_model(name: str, src: Path, args: argparse.Namespace, targets: list[
 
 
 def _line(row: dict) -> str:
+    if "refused" in row:
+        return f"refused: {row['refused']}"
     parts = [f"{row['size_bytes']:,} B"]
     if "accuracy" in row:
         parts.append(f"top-1 {row['accuracy']:.4f} ({row['delta_points']:+.2f} points)")
@@ -340,8 +357,11 @@ def table(out: Path) -> str:
             if row.get("test_images", record["test_images"]) < record["test_images"]:
                 top1 += f" (first {row['test_images']:,})"
             delta = "" if converted else _cell(row, "delta_points", "+.2f")
+            if "refused" in row:  # the deploy's own refusal, its reason in the JSON
+                top1, delta = f"refused by deploy: {row['refused'].split(';')[0]}", ""
+            size = "n/a" if row["size_bytes"] is None else f"{row['size_bytes']:,}"
             lines.append(
-                f"| {record['model']} | {row['target']} | {precision} | {row['size_bytes']:,} | "
+                f"| {record['model']} | {row['target']} | {precision} | {size} | "
                 f"{_cell(row, 'load_ms', '.1f')} | {_cell(row, 'latency_ms', '.3f')} | {top1} | {delta} | "
                 f"{'' if converted else _cell(row, 'agreement', '.4f')} | {row['runtime'].split(' (')[0]} "
                 f"{row['runtime_version']} |"
@@ -370,17 +390,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=OUT, help="the JSON directory")
     p.add_argument("--limit", type=int, help="the first N test images only")
     p.add_argument(
-        "--calibration-images",
-        type=int,
-        default=512,
-        help="the first N images of --calibration: int8 calibrates on the first 256, deploy checks on all",
-    )
-    p.add_argument(
         "--train-images",
         type=int,
         default=1000,
-        help="executorch-train: its forward is checked on the first N test images (a batch-64 forward and "
-        "backward in the portable kernels, seconds per batch)",
+        help="executorch-train: its forward is checked on the first N calibration images (the deploy's "
+        "check) and the first N test images (a batch-64 forward and backward in the portable kernels: "
+        "seconds per batch)",
     )
     p.add_argument("--timing-only", action="store_true", help="load time and latency only")
     p.add_argument("--loads", type=int, default=10)
@@ -403,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
     x, y = to_float(test.x).numpy(), test.y.numpy()
     if args.limit is not None:
         x, y = x[: args.limit], y[: args.limit]
-    calibration = load_client_data(args.calibration).x[: args.calibration_images].float().div(255).numpy()
+    calibration = load_client_data(args.calibration).x.float().div(255).numpy()
     data = {"x": x, "y": y, "calibration": calibration}
     print(f"targets here: {', '.join(targets)}", flush=True)
     for name, src in args.model:
