@@ -13,9 +13,9 @@ target has it, ``--int8``:
   compared with the float32 ONNX in onnxruntime (accuracy, agreement, largest logit difference);
 * its load time (the file read into a runnable session, median of ``--loads``) and single-image latency
   (median of ``--runs`` after ``--warmup``, one thread, test images in turn) are measured here;
-* Core ML is converted only (it runs on Apple devices); executorch-train's forward is checked on the first
-  ``--train-images`` test images, not timed (each call runs a fixed batch of ``batch_size`` images with its
-  backward, in ExecuTorch's portable kernels: seconds per batch, and no single-image latency).
+* Core ML is converted only (it runs on Apple devices); executorch-train's forward is checked on
+  ``--train-images`` test images (evenly spaced), not timed (each call runs a fixed batch of ``batch_size``
+  images with its backward, in ExecuTorch's portable kernels: seconds per batch, no single-image latency).
 
 The targets' packages cannot all share one environment (``[tflite]`` and ``[mobile]`` are separate extras):
 run the same command once per environment, each run adds its targets' rows to one JSON per model under
@@ -26,7 +26,7 @@ run the same command once per environment, each run adds its targets' rows to on
         --calibration fleet/data/client_00.npz --work /tmp/deploy-table     # in each environment
     python benchmarks/deploy_table.py --table                               # the markdown table
     ... --timing-only     # load time and latency only (the accuracy fields are kept); deploys what is missing
-    ... --limit 500       # the first 500 test images only (a quick check: use another --out)
+    ... --limit 500       # 500 test images, evenly spaced (a quick check: use another --out)
 
 Timings are wall-clock on whatever machine runs this: each JSON records the CPU, the core count and
 ``--machine-note``.
@@ -219,6 +219,14 @@ def _deployed(src: Path, out: Path, target: str, int8: bool, calibration: np.nda
     return report, seconds
 
 
+def _spread(total: int, n: int | None) -> np.ndarray:
+    """``n`` indices evenly spaced through ``total`` (all of them when ``n`` is None or larger): test sets
+    read from image folders are ordered by class, so their first images are one class."""
+    if n is None or n >= total:
+        return np.arange(total)
+    return np.linspace(0, total - 1, n).round().astype(np.int64)
+
+
 def _row(
     src: Path, work: Path, target: str, int8: bool, row: dict, args: argparse.Namespace, data: dict
 ) -> dict:
@@ -249,9 +257,10 @@ def _row(
     row["size_bytes"] = _artifact_files(out, (out,))[out.name]
     if TARGETS[target].run is not None and not args.timing_only:
         n = args.train_images if target == "executorch-train" else len(x)
-        row |= _accuracy(target, {"": out.read_bytes()}, x[:n], y[:n], ref[:n])
-        base = float(np.mean(ref[:n].argmax(1) == y[:n]))
-        row |= {"test_images": len(x[:n]), "onnx_fp32_accuracy_same_images": round(base, 6)}
+        pick = _spread(len(x), n)
+        row |= _accuracy(target, {"": out.read_bytes()}, x[pick], y[pick], ref[pick])
+        base = float(np.mean(ref[pick].argmax(1) == y[pick]))
+        row |= {"test_images": len(pick), "onnx_fp32_accuracy_same_images": round(base, 6)}
         row["delta_points"] = round(100 * (row["accuracy"] - base), 4)
         row["bound_points"] = INT8_BOUND if int8 else FP32_BOUND
         row["within_bound"] = abs(row["delta_points"]) <= row["bound_points"] + 1e-9
@@ -355,7 +364,7 @@ def table(out: Path) -> str:
             precision = row["precision"] + (" (float16 weights)" if row["target"] in COMPUTES else "")
             top1 = "converted only" if converted else _cell(row, "accuracy", ".4f")
             if row.get("test_images", record["test_images"]) < record["test_images"]:
-                top1 += f" (first {row['test_images']:,})"
+                top1 += f" ({row['test_images']:,} images)"
             delta = "" if converted else _cell(row, "delta_points", "+.2f")
             if "refused" in row:  # the deploy's own refusal, its reason in the JSON
                 top1, delta = f"refused by deploy: {row['refused'].split(';')[0]}", ""
@@ -388,14 +397,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--targets", help="comma-separated; default: every target this environment has")
     p.add_argument("--work", type=Path, default=Path("/tmp/deploy-table"), help="where artifacts are written")
     p.add_argument("--out", type=Path, default=OUT, help="the JSON directory")
-    p.add_argument("--limit", type=int, help="the first N test images only")
+    p.add_argument("--limit", type=int, help="N test images only, evenly spaced through the test set")
     p.add_argument(
         "--train-images",
         type=int,
         default=1000,
         help="executorch-train: its forward is checked on the first N calibration images (the deploy's "
-        "check) and the first N test images (a batch-64 forward and backward in the portable kernels: "
-        "seconds per batch)",
+        "check) and N test images evenly spaced through the set (a batch-64 forward and backward in the "
+        "portable kernels: seconds per batch)",
     )
     p.add_argument("--timing-only", action="store_true", help="load time and latency only")
     p.add_argument("--loads", type=int, default=10)
@@ -416,8 +425,8 @@ def main(argv: list[str] | None = None) -> None:
     _one_thread()
     test = load_dataset(args.dataset, args.data_root, split="test")
     x, y = to_float(test.x).numpy(), test.y.numpy()
-    if args.limit is not None:
-        x, y = x[: args.limit], y[: args.limit]
+    pick = _spread(len(x), args.limit)
+    x, y = x[pick], y[pick]
     calibration = load_client_data(args.calibration).x.float().div(255).numpy()
     data = {"x": x, "y": y, "calibration": calibration}
     print(f"targets here: {', '.join(targets)}", flush=True)
