@@ -53,9 +53,9 @@ def rebuild(
         )
     if props.get("batchnorm") == "folded":  # its weights no longer map onto the architecture's modules
         raise ExportError(
-            "the model was exported with BatchNorm folded into its convolutions (a personalized "
-            "deploy.onnx), the torch-based targets rebuild the architecture from BatchNorm-preserving "
-            "weights; fix: deploy it with --target onnx or ort, or the bundle or global.onnx it came from"
+            "the model was exported with BatchNorm folded into its convolutions, the torch-based targets "
+            "rebuild the architecture from BatchNorm-preserving weights; fix: deploy it with --target onnx "
+            "or ort, or an export that keeps BatchNorm (a bundle's model, global.onnx, personal.fp32.onnx)"
         )
     try:
         module = build_model(arch, shape, logits)
@@ -165,10 +165,11 @@ def tflite_files(
 
 
 def run_tflite(model: bytes, images: np.ndarray) -> np.ndarray:
-    """Logits of the ``.tflite`` in the LiteRT interpreter, one image at a time as on the phone."""
+    """Logits of the ``.tflite`` in the LiteRT interpreter, one image at a time on one thread, as on the
+    phone."""
     from ai_edge_litert.interpreter import Interpreter
 
-    interpreter = Interpreter(model_content=model)
+    interpreter = Interpreter(model_content=model, num_threads=1)
     interpreter.allocate_tensors()
     x, y = interpreter.get_input_details()[0]["index"], interpreter.get_output_details()[0]["index"]
     out = []

@@ -26,9 +26,12 @@ The package comes from the server, so its ONNX is held to :mod:`export.onnx_chec
 anything of it is loaded or run: the global model must map ``[batch, *input_shape]`` to ``[batch,
 num_classes]`` of this device's bundle, the generator ``z``, ``y`` one-hot to ``[batch, *input_shape]``.
 
-The result is exported twice: fp32 ONNX with BatchNorm folded, and int8 static QDQ quantized with
-onnxruntime, calibrated on local images. int8 is kept only when its local validation accuracy is within
-``int8_tolerance`` of fp32; the report says which was kept, with sizes and onnxruntime latencies.
+The result is exported twice: fp32 ONNX with BatchNorm kept (initializer names = state_dict keys, so
+``edge-sdk deploy`` rebuilds it for the torch-based phone targets; onnxruntime folds BatchNorm into the
+convolutions when it loads the model, int8's pre-processing before it quantizes), and int8 static QDQ
+quantized with onnxruntime, calibrated on local images. int8 is kept only when its local validation
+accuracy is within ``int8_tolerance`` of fp32; the report says which was kept, with sizes and onnxruntime
+latencies.
 """
 
 from __future__ import annotations
@@ -536,7 +539,7 @@ def personalize(
     with timed(seconds, "export"):
         meta = {"arch": arch, "producer": "edge-sdk personalize", "method": config.method}
         meta |= deploy_metadata_for(shape, classes, data.class_names)  # type: ignore[arg-type]
-        fp32 = export_onnx(model.cpu(), shape, metadata=meta, keep_batchnorm=False, seed=seed)  # type: ignore[arg-type]
+        fp32 = export_onnx(model.cpu(), shape, metadata=meta, keep_batchnorm=True, seed=seed)  # type: ignore[arg-type]
         calib = to_float(train_split.x[: config.calibration_size]).numpy()
         # kept or not by its validation accuracy (int8_tolerance in _compare), so no agreement rule here
         int8 = quantize_int8(fp32, calib, min_agreement=None)

@@ -11,6 +11,7 @@ optional package is installed (the `[mobile]` / `[tflite]` extras); CI runs onnx
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime
@@ -52,6 +53,7 @@ INT8_TOLERANCE = 0.01
 # channels-last kernels against its contiguous ones), and the bound would measure the run, not the runtime
 TRAIN_STEPS = 10
 TRAIN_LOSS_TOLERANCE = 1e-4
+ROOT = Path(__file__).resolve().parents[2]
 MOBILE_SKIP = "needs the [mobile] extra (executorch): pip install 'oneshot-fl-edge[mobile]'"
 
 
@@ -138,6 +140,56 @@ def test_the_cli_deploys_and_prints_one_line(model, digits, tmp_path, capsys) ->
     assert rc == 0, capsys.readouterr().err
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith("ort int8: wrote") and out.exists()
+
+
+def test_the_deployment_table_measures_each_target(model, digits, tmp_path, capsys) -> None:
+    """benchmarks/deploy_table.py (RESULTS.md's deployment table) on one family and the core targets: a row
+    per target and precision with its size, accuracy against the fp32 ONNX, timings and runtime version."""
+    if model["family"] != "chain":
+        pytest.skip("one family is enough for the script")
+    spec = importlib.util.spec_from_file_location("deploy_table", ROOT / "benchmarks" / "deploy_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    data, out = save_client_data(tmp_path / "client.npz", digits["train"]), tmp_path / "out"
+    args = [
+        "--dataset",
+        "digits",
+        "--calibration",
+        str(data),
+        "--model",
+        f"m={model['path']}",
+        "--out",
+        str(out),
+    ]
+    fast = [
+        "--targets",
+        "onnx,ort",
+        "--work",
+        str(tmp_path / "work"),
+        "--loads",
+        "1",
+        "--warmup",
+        "1",
+        "--runs",
+        "3",
+    ]
+    table.main([*args, *fast])
+    rows = json.loads((out / "m.json").read_text())["rows"]
+    assert sorted(rows) == ["onnx fp32", "onnx int8", "ort fp32", "ort int8"]
+    for key, row in rows.items():
+        assert row["within_bound"] and row["test_images"] == len(digits["y_test"]), (key, row)
+        assert (
+            row["size_bytes"] > 0
+            and row["latency_ms"] > 0
+            and row["runtime_version"] == onnxruntime.__version__
+        )
+    assert rows["ort fp32"]["agreement"] == 1.0
+    table.main([*args, *fast, "--timing-only", "--machine-note", "again"])  # keeps the accuracy, new timings
+    again = json.loads((out / "m.json").read_text())["rows"]
+    assert all(again[k]["accuracy"] == rows[k]["accuracy"] and again[k]["timed_on"] == "again" for k in rows)
+    capsys.readouterr()
+    table.main(["--table", "--out", str(out)])
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2 + 4
 
 
 @pytest.mark.parametrize(
@@ -252,8 +304,8 @@ def test_a_client_bundle_deploys_its_classifier(tmp_path) -> None:
 
 
 def test_a_folded_batchnorm_model_is_refused_by_the_torch_targets(tmp_path, monkeypatch) -> None:
-    """A personalized deploy.onnx has BatchNorm folded: its weights cannot be put back into the
-    architecture, so the torch-based targets refuse it in one line (onnx and ort take it)."""
+    """A model exported with BatchNorm folded (keep_batchnorm=False): its weights cannot be put back into
+    the architecture, so the torch-based targets refuse it in one line (onnx and ort take it)."""
     monkeypatch.setitem(sys.modules, "executorch", sys.modules[__name__])  # present, never reached
     arch = FAMILIES["elastic"]
     module = build_model(arch, (1, 8, 8), 10).eval()

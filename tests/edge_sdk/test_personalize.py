@@ -17,10 +17,11 @@ from common.errors import BundleError, ConfigError
 from edge_sdk.cli import main as edge_main
 from edge_sdk.curves import check_curve
 from edge_sdk.data import ArrayDataset, save_client_data
+from edge_sdk.mobile_targets import rebuild
 from edge_sdk.models.arch import build_model
 from edge_sdk.personalize import PersonalizeConfig, personalize, pkt_loss, update_alpha
 from export.bundle import read_bundle
-from export.onnx_export import INPUT_NAME, onnx_session, read_deploy
+from export.onnx_export import INPUT_NAME, onnx_session, read_deploy, read_metadata
 from export.package import read_package
 from server_kit.aggregate import aggregate
 from server_kit.personalization.pke import PKEConfig, extractor_names, personalize_server, train_server_models
@@ -181,6 +182,12 @@ def test_each_method_writes_deployable_models(federation, bundles, method):  # n
         assert meta is not None and meta.class_names == ("ant", "bee", "cat")
         assert meta.input_spec.shape == SHAPE and meta.input_spec.normalization == "inside"
     assert report["size_bytes"]["int8"] > 0 and report["latency"]["fp32"]["batch_1_ms"] > 0
+    # fp32 keeps BatchNorm: the torch-based deploy targets rebuild it into its architecture, exactly
+    fp32 = (out / "personal.fp32.onnx").read_bytes()
+    x = torch.rand(4, *SHAPE)
+    with torch.no_grad():
+        rebuilt = rebuild(fp32, read_metadata(fp32), SHAPE, L)(x).numpy()
+    np.testing.assert_allclose(rebuilt, onnx_session(fp32).run(None, {INPUT_NAME: x.numpy()})[0], atol=1e-5)
     if method == "kdg":
         assert set(report["training"]["loss"][0]) == {"ce", "dis", "lat", "tea", "disg"}
     # the report's curve (edge_sdk.curves): the training's terms, per epoch
