@@ -87,9 +87,9 @@ class PersonalizeConfig:
 
     SGD with momentum as FedPD's clients (lr 0.01 for (E)MNIST); batch 64 and 2 epochs keep a 3 M parameter
     model within minutes on a 2-core CPU (FedPD: batch 20, 5 local epochs per round).
-    ``alpha_regulariser_weight`` (FedPD's tau) 0.5 and ``alpha_lr`` 0.05 are FedPD's best values (Tables 7,
-    12); FedPD does not give lambda, 1.0 here. ``seed`` None uses the bundle's seed, so the train/validation
-    split is the one ``edge-sdk run`` used. ``kdg_dis_weight`` and ``kdg_disg_weight`` scale the two
+    ``pkt_weight_pull`` (FedPD's tau) 0.5 and ``pkt_weight_lr`` (its learning rate of alpha) 0.05 are
+    FedPD's best values (Tables 7, 12); FedPD does not give lambda, 1.0 here. ``seed`` None uses the
+    bundle's seed, so the train/validation split is the one ``edge-sdk run`` used. ``kdg_dis_weight`` and ``kdg_disg_weight`` scale the two
     distillation terms of ``kdg`` (the other terms weigh 1): FedKDG's ablation adds them with weight 0.01, and
     at weight 1 the global model (weaker than the local one on the local distribution) dominated, far below
     the local-only accuracy at alpha 0.1 (benchmarks/RESULTS.md).
@@ -98,7 +98,8 @@ class PersonalizeConfig:
     # fields renamed, old name -> new (common.configs: the old key and flag are refused naming the new)
     renamed_keys: ClassVar[dict[str, str]] = {
         "epochs": "train_epochs",
-        "tau": "alpha_regulariser_weight",
+        "tau": "pkt_weight_pull",
+        "alpha_lr": "pkt_weight_lr",
         "kd_temperature": "distill_tau",
     }
 
@@ -108,9 +109,9 @@ class PersonalizeConfig:
     momentum: float = 0.9  # SGD momentum
     batch_size: int = 64
     lam: float = 1.0  # PKT distillation weight lambda
-    # PKT: weight of the regulariser that pulls each sample's weight alpha toward 1 (FedPD's tau)
-    alpha_regulariser_weight: float = 0.5
-    alpha_lr: float = 0.05  # PKT learning rate of alpha
+    # PKT: how strongly each distillation sample's weight is pulled back toward 1 (FedPD's tau)
+    pkt_weight_pull: float = 0.5
+    pkt_weight_lr: float = 0.05  # PKT: learning rate of the distillation samples' weights (FedPD's alpha)
     distill_batch_size: int = 64  # distillation inputs per step
     kdg_terms: tuple[str, ...] = KDG_TERMS  # kdg's loss terms, any of pre, dis, lat, tea, disg
     distill_tau: float = 1.0  # distillation temperature
@@ -145,8 +146,8 @@ class PersonalizeConfig:
         for name in (
             "momentum",
             "lam",
-            "alpha_regulariser_weight",
-            "alpha_lr",
+            "pkt_weight_pull",
+            "pkt_weight_lr",
             "int8_tolerance",
             "kdg_dis_weight",
             "kdg_disg_weight",
@@ -336,7 +337,7 @@ class _Fit:
         with torch.no_grad():
             per = (out.detach() - self.knowledge[d_idx]).abs().mean(dim=1)
             self.alpha[d_idx] = update_alpha(
-                self.alpha[d_idx], per, lr=config.alpha_lr, tau=config.alpha_regulariser_weight
+                self.alpha[d_idx], per, lr=config.pkt_weight_lr, tau=config.pkt_weight_pull
             )
         return config.lam * pkt_loss(out, self.knowledge[d_idx], self.alpha[d_idx])[0]
 

@@ -50,7 +50,8 @@ RENAMED = [
     (SERVER, "simulate", "--method", "--federation-preset"),
     (SERVER, "simulate", "--server-preset", "--aggregate-preset"),
     (SERVER, "aggregate", "--server-preset", "--aggregate-preset"),
-    (EDGE, "personalize", "--tau", "--alpha-regulariser-weight"),
+    (EDGE, "personalize", "--tau", "--pkt-weight-pull"),
+    (EDGE, "personalize", "--alpha-lr", "--pkt-weight-lr"),
     (EDGE, "personalize", "--kd-temperature", "--distill-tau"),
     (SERVER, "supernet", "--tau", "--distill-tau"),
 ]
@@ -94,7 +95,7 @@ def test_no_help_lists_an_old_name_in_another_meaning(capsys, monkeypatch, cli):
     for command in _commands(cli):
         text = _help_all(capsys, cli, command)
         listed = set(OPTION.findall(text))
-        gone = {"--epochs", "--preset", "--server-preset", "--tau", "--kd-temperature"}
+        gone = {"--epochs", "--preset", "--server-preset", "--tau", "--kd-temperature", "--alpha-lr"}
         gone |= set() if (cli, command) == (EDGE, "personalize") else {"--method"}
         assert not listed & gone, (cli, command, listed & gone)
         device = re.search(r"^  --device \S+\s+(.*?)(?=^  -)", text, re.MULTILINE | re.DOTALL)
@@ -115,7 +116,7 @@ def test_every_device_option_defaults_to_auto():
     ("cls", "table", "new"),
     [
         (PersonalizeConfig, {"epochs": 1}, "train_epochs"),
-        (PersonalizeConfig, {"tau": 0.5}, "alpha_regulariser_weight"),
+        (PersonalizeConfig, {"tau": 0.5}, "pkt_weight_pull"),
         (PersonalizeConfig, {"kd_temperature": 2.0}, "distill_tau"),
         (PKEConfig, {"epochs": 1}, "train_epochs"),
         (SupernetConfig, {"tau": 1.0}, "distill_tau"),

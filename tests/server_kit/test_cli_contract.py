@@ -229,7 +229,7 @@ def test_help_shows_defaults_choices_and_one_meaning_per_name(capsys):
     assert "--strategy {pso,fixed,random-pool,evolution}" in text and "--search-preset {fast,paper}" in text
     assert "--resume {auto,strict,off}" in text and "(default: auto)" in text  # a Literal field's choices
     assert "--distill-tau" in text and "--tau " not in text  # every tau is a temperature, named by its phase
-    assert "--alpha-regulariser-weight FLOAT" in helps(edge_main, "personalize")
+    assert "--pkt-weight-pull FLOAT" in helps(edge_main, "personalize")
     assert "--format {text,json}" in helps(edge_main, "profiles")
 
 
