@@ -89,9 +89,10 @@ class PersonalizeConfig:
     model within minutes on a 2-core CPU (FedPD: batch 20, 5 local epochs per round).
     ``pkt_weight_pull`` (FedPD's tau) 0.5 and ``pkt_weight_lr`` (its learning rate of alpha) 0.05 are
     FedPD's best values (Tables 7, 12); FedPD does not give lambda, 1.0 here. ``seed`` None uses the
-    bundle's seed, so the train/validation split is the one ``edge-sdk run`` used. ``kdg_dis_weight`` and ``kdg_disg_weight`` scale the two
-    distillation terms of ``kdg`` (the other terms weigh 1): FedKDG's ablation adds them with weight 0.01, and
-    at weight 1 the global model (weaker than the local one on the local distribution) dominated, far below
+    bundle's seed, so the train/validation split is the one ``edge-sdk run`` used. ``kdg_dis_weight`` and
+    ``kdg_disg_weight`` scale the two distillation terms of ``kdg`` (the other terms weigh 1): FedKDG's
+    ablation adds them with weight 0.01, and at weight 1 the global model (weaker than the local one on the
+    local distribution) dominated, far below
     the local-only accuracy at alpha 0.1 (benchmarks/RESULTS.md).
     """
 
