@@ -39,7 +39,21 @@ class MetadataError(ValueError):
 
 def read_metadata(session: onnxruntime.InferenceSession) -> tuple[list[str], dict[str, Any]]:
     """(class names, input spec) from the model's custom metadata, checked before anything uses them."""
-    meta = session.get_modelmeta().custom_metadata_map
+    names, spec = parse_metadata(session.get_modelmeta().custom_metadata_map)
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    if len(inputs) != 1 or inputs[0].name != spec.get("name"):
+        raise MetadataError(
+            f"input_spec names input {spec.get('name')!r}, the model has {[i.name for i in inputs]}"
+        )
+    logits = outputs[0].shape[-1] if outputs and outputs[0].shape else None
+    if isinstance(logits, int) and logits != len(names):
+        raise MetadataError(f"{len(names)} class names for {logits} logits, expected one name per logit")
+    return names, spec
+
+
+def parse_metadata(meta: dict[str, str]) -> tuple[list[str], dict[str, Any]]:
+    """(class names, input spec) from the deployment metadata's strings, whichever runtime carried them
+    (ONNX's metadata_props, a LiteRT sidecar JSON, an ExecuTorch program's constant methods)."""
     version = meta.get("deploy_schema")
     if version != SCHEMA_VERSION:
         raise MetadataError(
@@ -65,14 +79,6 @@ def read_metadata(session: onnxruntime.InferenceSession) -> tuple[list[str], dic
     kind = (spec.get("dtype"), spec.get("layout"), spec.get("normalization"))
     if kind not in (("float32", "NCHW", "inside"), ("float32", "NCHW", "outside")):
         raise MetadataError(f"input_spec must be float32 NCHW normalised inside or outside, got {kind}")
-    inputs, outputs = session.get_inputs(), session.get_outputs()
-    if len(inputs) != 1 or inputs[0].name != spec.get("name"):
-        raise MetadataError(
-            f"input_spec names input {spec.get('name')!r}, the model has {[i.name for i in inputs]}"
-        )
-    logits = outputs[0].shape[-1] if outputs and outputs[0].shape else None
-    if isinstance(logits, int) and logits != len(names):
-        raise MetadataError(f"{len(names)} class names for {logits} logits, expected one name per logit")
     return names, spec
 
 
@@ -146,23 +152,31 @@ def classify(model: Path, inputs: list[Path], top_k: int) -> int:
             "(deploy.onnx, global.onnx)"
         ) from err
     names, spec = read_metadata(session)
+    print(describe(model, names, spec))
+    for path in inputs:
+        logits = session.run(None, {spec["name"]: prepare(load_pixels(path, spec), spec)})[0]
+        print_top(path, logits, names, top_k)
+    return 0
+
+
+def print_top(path: Path, logits: np.ndarray, names: list[str], top_k: int) -> None:
+    """One line per row of ``logits``: the ``top_k`` class names with their softmax probabilities."""
+    probabilities = softmax(logits.astype(np.float64))
+    k = max(1, min(top_k, len(names)))
+    for index, row in enumerate(probabilities):
+        label = f"{path.name}[{index}]" if len(probabilities) > 1 else path.name
+        top = np.argsort(-row, kind="stable")[:k]
+        print(f"{label}: " + ", ".join(f"{names[c]} ({row[c]:.4f})" for c in top))
+
+
+def describe(model: Path, names: list[str], spec: dict[str, Any]) -> str:
+    """The model's classes and input spec in one line."""
     normalised = "by the model" if spec["normalization"] == "inside" else "here"
-    print(
+    return (
         f"{model.name}: {len(names)} classes; input {spec['name']!r} [N, *{spec['shape']}] "
         f"{spec['dtype']} {spec['layout']}, pixels {spec['pixel_range']} -> {spec['input_range']}, "
         f"normalised {normalised} with mean {spec['mean']} std {spec['std']}"
     )
-    k = max(1, min(top_k, len(names)))
-    for path in inputs:
-        pixels = load_pixels(path, spec)
-        probabilities = softmax(
-            session.run(None, {spec["name"]: prepare(pixels, spec)})[0].astype(np.float64)
-        )
-        for index, row in enumerate(probabilities):
-            label = f"{path.name}[{index}]" if len(probabilities) > 1 else path.name
-            top = np.argsort(-row, kind="stable")[:k]
-            print(f"{label}: " + ", ".join(f"{names[c]} ({row[c]:.4f})" for c in top))
-    return 0
 
 
 def _json(meta: dict[str, str], key: str) -> Any:
