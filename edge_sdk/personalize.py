@@ -92,8 +92,7 @@ class PersonalizeConfig:
     bundle's seed, so the train/validation split is the one ``edge-sdk run`` used. ``kdg_dis_weight`` and
     ``kdg_disg_weight`` scale the two distillation terms of ``kdg`` (the other terms weigh 1): FedKDG's
     ablation adds them with weight 0.01, and at weight 1 the global model (weaker than the local one on the
-    local distribution) dominated, far below
-    the local-only accuracy at alpha 0.1 (benchmarks/RESULTS.md).
+    local distribution) dominated, far below the local-only accuracy at alpha 0.1 (benchmarks/RESULTS.md).
     """
 
     # fields renamed, old name -> new (common.configs: the old key and flag are refused naming the new)

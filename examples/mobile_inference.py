@@ -14,7 +14,6 @@ The Kotlin and Swift equivalents are in docs/mobile.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # onnx_inference.py, t
 from onnx_inference import (
     MAX_METADATA_CHARS,
     MetadataError,
+    command_line,
     describe,
     load_pixels,
     parse_metadata,
@@ -97,16 +97,7 @@ def classify(model: Path, inputs: list[Path], top_k: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", type=Path, help="a .ort, .tflite or .pte file of edge-sdk deploy")
-    parser.add_argument("inputs", type=Path, nargs="+", help="image files or .npy arrays of raw pixels")
-    parser.add_argument("--top-k", type=int, default=3, help="how many classes to print per input")
-    args = parser.parse_args(argv)
-    try:
-        return classify(args.model, args.inputs, args.top_k)
-    except Exception as err:  # each runtime raises its own types: one line, no traceback
-        print(f"{parser.prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 1
+    return command_line(__doc__, "a .ort, .tflite or .pte file of edge-sdk deploy", classify, argv)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,14 +131,22 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", type=Path, help="deploy.onnx, global.onnx or another toolkit classifier")
+    return command_line(__doc__, "deploy.onnx, global.onnx or another toolkit classifier", classify, argv)
+
+
+def command_line(
+    doc: str, model_help: str, run: Callable[[Path, list[Path], int], int], argv: list[str] | None
+) -> int:
+    """The examples' command line: ``MODEL INPUTS... [--top-k K]`` run by ``run``; an error is one line on
+    stderr and exit 1 (runtimes raise their own types, onnxruntime's derive from Exception alone)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("model", type=Path, help=model_help)
     parser.add_argument("inputs", type=Path, nargs="+", help="image files or .npy arrays of raw pixels")
     parser.add_argument("--top-k", type=int, default=3, help="how many classes to print per input")
     args = parser.parse_args(argv)
     try:
-        return classify(args.model, args.inputs, args.top_k)
-    except Exception as err:  # onnxruntime's errors derive from Exception alone: one line, no traceback
+        return run(args.model, args.inputs, args.top_k)
+    except Exception as err:  # one line, no traceback
         print(f"{parser.prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 1
 
