@@ -12,6 +12,10 @@ features, so onnxruntime dispatches the kernels that CPU class would run).
     qemu-x86_64 -cpu Haswell .venv/bin/python benchmarks/int8_cpu_classes.py score W haswell-avx2
     python benchmarks/int8_cpu_classes.py summary W
 
+Where the CPU has CPUID faulting (``cpuid_fault`` in /proc/cpuinfo), ``benchmarks/cpuid_haswell.c``
+gives the Haswell class at native speed instead of qemu's: build it and run the scoring step under
+``LD_PRELOAD=cpuid_haswell.so`` (its header says how, and what it does not hide).
+
 ``FAMILY.SCHEME.onnx`` quantizes every node with that scheme; ``FAMILY.default.onnx`` is what
 ``edge-sdk deploy --int8`` writes: the default scheme with its agreement rule (the nodes that flip most
 predictions on held-out training images stay float32; ``prepare.json`` names them, or says why the
