@@ -35,7 +35,6 @@ Timings are wall-clock on whatever machine runs this: each JSON records the CPU,
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata
 import json
 import os
@@ -48,14 +47,15 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import ExportError
+from edge_sdk import mobile_targets
 from edge_sdk.data import load_client_data, load_dataset
-from edge_sdk.deploy import TARGETS, DeployConfig, deploy
+from edge_sdk.deploy import TARGETS, DeployConfig, available_targets, deploy
 from edge_sdk.train import to_float
 from export.onnx_export import onnx_logits, onnx_session
 
 OUT = Path(__file__).parent / "results" / "deploy_table"
 INT8_BOUND, FP32_BOUND = 1.0, 0.1  # points of top-1 a target may differ from the float32 ONNX (issue #35)
-Runner = Callable[[np.ndarray], np.ndarray]  # one image, 1 x C x H x W -> its logits
+Runner = mobile_targets.Runner
 
 
 # ------------------------------------------------------------------------------------------ runtimes
@@ -98,48 +98,12 @@ def _ort(path: Path) -> Runner:
     return lambda image: session.run(None, {name: image})[0]
 
 
-def _tflite(path: Path) -> Runner:
-    from ai_edge_litert.interpreter import Interpreter
-
-    interpreter = Interpreter(model_path=str(path), num_threads=1)
-    interpreter.allocate_tensors()
-    x, y = interpreter.get_input_details()[0]["index"], interpreter.get_output_details()[0]["index"]
-
-    def run(image: np.ndarray) -> np.ndarray:
-        interpreter.set_tensor(x, image)
-        interpreter.invoke()
-        return interpreter.get_tensor(y)
-
-    return run
-
-
-def _executorch(path: Path) -> Runner:
-    import torch
-    from executorch.runtime import Runtime
-
-    forward = Runtime.get().load_program(path).load_method("forward")
-    return lambda image: forward.execute([torch.from_numpy(image)])[0].numpy()
-
-
 LOADERS: dict[str, Callable[[Path], Runner]] = {
     "onnx": _ort,
     "ort": _ort,
-    "tflite": _tflite,
-    "executorch": _executorch,
+    "tflite": mobile_targets.load_tflite,
+    "executorch": mobile_targets.load_executorch,
 }
-
-
-def _available() -> list[str]:
-    """The targets whose packages this environment has (the deploy module's own check, without raising)."""
-    names = []
-    for name, target in TARGETS.items():
-        try:
-            if target.module is not None:
-                importlib.import_module(target.module)
-        except ImportError:
-            continue
-        names.append(name)
-    return names
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -418,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.model or not args.dataset or args.calibration is None:
         p.error("--model, --dataset and --calibration are required (or --table)")
-    targets = args.targets.split(",") if args.targets else _available()
+    targets = args.targets.split(",") if args.targets else list(available_targets())
     unknown = sorted(set(targets) - set(TARGETS))
     if unknown:
         p.error(f"unknown targets {unknown}; known: {sorted(TARGETS)}")

@@ -43,7 +43,15 @@ from export.onnx_export import onnx_logits
 from export.onnx_parse import DEFAULT_LIMITS, parse_onnx
 from export.quantize import quantize_int8
 
-__all__ = ["TARGETS", "DeployConfig", "DeployResult", "Target", "deploy", "load_deployable"]
+__all__ = [
+    "TARGETS",
+    "DeployConfig",
+    "DeployResult",
+    "Target",
+    "available_targets",
+    "deploy",
+    "load_deployable",
+]
 
 logger = logging.getLogger("edge_sdk")
 
@@ -246,13 +254,26 @@ def _check_images(src: Source) -> np.ndarray:
     return (low + (high - low) * x).astype(np.float32)
 
 
-def _require(target: Target) -> None:
-    """The target's module, imported now so a missing package is one line before any work."""
+def _missing(target: Target) -> ImportError | None:
+    """Why the target's module cannot be imported here, or None when it can (or needs none)."""
     if target.module is None:
-        return
+        return None
     try:
         importlib.import_module(target.module)
     except ImportError as err:
+        return err
+    return None
+
+
+def available_targets() -> tuple[str, ...]:
+    """The targets whose packages this install has, in ``TARGETS`` order."""
+    return tuple(name for name, target in TARGETS.items() if _missing(target) is None)
+
+
+def _require(target: Target) -> None:
+    """The target's module, imported now so a missing package is one line before any work."""
+    err = _missing(target)
+    if err is not None:
         raise ExportError(
             f"target {target.name} needs the package {target.module.split('.')[0]!r}, which this install "
             f"does not have ({type(err).__name__}); fix: pip install 'oneshot-fl-edge[{target.extra}]'"

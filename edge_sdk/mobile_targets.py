@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +31,16 @@ __all__ = [
     "conversion_error",
     "coreml_files",
     "executorch_files",
+    "load_executorch",
+    "load_tflite",
     "rebuild",
     "run_executorch",
     "run_tflite",
     "tflite_files",
 ]
+
+# one loaded model: a (1, C, H, W) float32 image -> its (1, L) logits, as a phone labels one image at a time
+Runner = Callable[[np.ndarray], np.ndarray]
 
 _OPERATOR = re.compile(r"aten[.:]+[A-Za-z_0-9.]+")
 _FX_NODE = re.compile(r"[Uu]nsupported fx node ([A-Za-z_0-9.]+)")  # Core ML's name for an operator
@@ -126,13 +131,23 @@ def executorch_files(module: nn.Module, shape: tuple[int, int, int], props: Mapp
     return check_kernels("ExecuTorch", manager)
 
 
-def run_executorch(program: bytes, images: np.ndarray) -> np.ndarray:
-    """Logits of the ``.pte`` in ExecuTorch's runtime (the C++ runtime the phone links), one image at a
-    time as on the phone."""
+def load_executorch(program: bytes | Path) -> Runner:
+    """The ``.pte``'s forward method, loaded once into ExecuTorch's runtime (the C++ runtime the phone
+    links). The runtime reads a program given as bytes in place, so the runner keeps those bytes alive."""
     from executorch.runtime import Runtime
 
     forward = Runtime.get().load_program(program).load_method("forward")
-    return np.stack([forward.execute([torch.from_numpy(image[None])])[0][0].numpy() for image in images])
+
+    def run(image: np.ndarray, _program: bytes | Path = program) -> np.ndarray:
+        return forward.execute([torch.from_numpy(image)])[0].numpy()
+
+    return run
+
+
+def run_executorch(program: bytes, images: np.ndarray) -> np.ndarray:
+    """Logits of the ``.pte`` in ExecuTorch's runtime, one image at a time as on the phone."""
+    forward = load_executorch(program)
+    return np.stack([forward(image[None])[0] for image in images])
 
 
 def executorch_metadata(program: bytes) -> dict[str, str]:
@@ -164,20 +179,29 @@ def tflite_files(
     return {"": model, ".json": sidecar.encode("utf-8")}
 
 
-def run_tflite(model: bytes, images: np.ndarray) -> np.ndarray:
-    """Logits of the ``.tflite`` in the LiteRT interpreter, one image at a time on one thread, as on the
-    phone."""
+def load_tflite(model: bytes | Path) -> Runner:
+    """The ``.tflite`` loaded once into the LiteRT interpreter, on one thread as on the phone."""
     from ai_edge_litert.interpreter import Interpreter
 
-    interpreter = Interpreter(model_content=model, num_threads=1)
+    if isinstance(model, Path):
+        interpreter = Interpreter(model_path=str(model), num_threads=1)
+    else:
+        interpreter = Interpreter(model_content=model, num_threads=1)
     interpreter.allocate_tensors()
     x, y = interpreter.get_input_details()[0]["index"], interpreter.get_output_details()[0]["index"]
-    out = []
-    for image in images:
-        interpreter.set_tensor(x, image[None])
+
+    def run(image: np.ndarray) -> np.ndarray:
+        interpreter.set_tensor(x, image)
         interpreter.invoke()
-        out.append(interpreter.get_tensor(y)[0].copy())
-    return np.stack(out)
+        return interpreter.get_tensor(y).copy()
+
+    return run
+
+
+def run_tflite(model: bytes, images: np.ndarray) -> np.ndarray:
+    """Logits of the ``.tflite`` in the LiteRT interpreter, one image at a time on one thread."""
+    forward = load_tflite(model)
+    return np.stack([forward(image[None])[0] for image in images])
 
 
 # ------------------------------------------------------------------------------------------ Core ML

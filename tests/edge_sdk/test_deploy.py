@@ -24,7 +24,7 @@ from edge_sdk import mobile_targets, mobile_training
 from edge_sdk.artifacts import TrainedModel, bundle_model
 from edge_sdk.cli import main
 from edge_sdk.data import deploy_metadata_for, load_dataset, save_client_data
-from edge_sdk.deploy import TARGETS, DeployConfig, deploy
+from edge_sdk.deploy import TARGETS, DeployConfig, available_targets, deploy
 from edge_sdk.mobile_targets import rebuild
 from edge_sdk.mobile_training import TRAINING_KEY, load_trainer, torch_steps, trainer_steps, training_settings
 from edge_sdk.models.arch import build_model
@@ -248,6 +248,12 @@ def test_a_missing_package_names_its_extra_in_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"[{extra}]" in err
     assert not out.exists()
+
+
+def test_available_targets_leave_out_a_missing_package(monkeypatch) -> None:
+    assert {"onnx", "ort"} <= set(available_targets())  # the core install's own runtime
+    monkeypatch.setitem(sys.modules, TARGETS["tflite"].module, None)
+    assert "tflite" not in available_targets()
 
 
 @pytest.mark.parametrize("target", ["executorch", "executorch-train", "tflite"])
