@@ -47,6 +47,8 @@ __all__ = [
 
 LabelRule = Literal["mean", "label-weighted", "conditioned"]
 LABEL_RULES: tuple[str, ...] = get_args(LabelRule)
+ShareBase = Literal["classifiers", "federation"]
+SHARE_BASES: tuple[str, ...] = get_args(ShareBase)
 # with drop_mismatch, a class whose samples the rule labels as their class less often than this falls back
 # to the conditioned rule (its owners label it), so no class disappears from the distillation set
 FALLBACK_BELOW = 0.25
@@ -68,6 +70,9 @@ class LabelConfig:
     rule: LabelRule = "label-weighted"
     mask: bool = False  # each teacher votes only for the classes it has examples of
     drop_mismatch: bool = True  # drop the samples whose label is not the class they were made for
+    # what a teacher's share of a class is a share of: the classifiers' examples of it, or the whole
+    # federation's (also the examples of devices that sent only a decoder)
+    shares: ShareBase = "classifiers"
     # a teacher with an "unknown" output (FedOV) votes on each sample with the weight of its probability
     # that the sample is one of its classes; teachers without one vote as always. False: the unknown
     # output is ignored (the ablation)
@@ -76,6 +81,8 @@ class LabelConfig:
     def __post_init__(self) -> None:
         if self.rule not in LABEL_RULES:
             raise ConfigError(f"label rule must be one of {list(LABEL_RULES)}, got {self.rule!r}")
+        if self.shares not in SHARE_BASES:
+            raise ConfigError(f"label shares must be one of {list(SHARE_BASES)}, got {self.shares!r}")
         for name in ("mask", "drop_mismatch", "abstain"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -252,11 +259,15 @@ def label_synthetic(
     *,
     config: LabelConfig,
     tau: float,
+    decoder_only_counts: Sequence[Sequence[int]] | Tensor | None = None,
     batch_size: int = 512,
     device: str | torch.device = "cpu",
     precision: str = "auto",
 ) -> Labels:
     """Label ``x`` (N samples made for ``target_class``) by ``config.rule``; see the module docstring.
+
+    ``decoder_only_counts``: the label counts of devices that sent no classifier, which the shares count
+    with ``config.shares == "federation"`` (:func:`~server_kit.teachers.counts.class_shares`).
 
     The report holds the agreement of the labels with the target class (overall and per class) and how
     many samples of each class survive ``drop_mismatch``.
@@ -270,7 +281,8 @@ def label_synthetic(
     if tuple(y.shape) != (n,) or (n and (int(y.min()) < 0 or int(y.max()) >= num_classes)):
         raise ConfigError(f"target_class must be {n} indices in [0, {num_classes}), got {tuple(y.shape)}")
     held = held_classes(counts) if config.mask else None
-    shares = class_shares(counts).double()  # K x L
+    others = decoder_only_counts if config.shares == "federation" else None
+    shares = class_shares(counts, others).double()  # K x L
 
     def rule_for(rule: str, y_part: Tensor) -> Callable[[int, Tensor], Tensor]:
         def weigh(j: int, probs: Tensor) -> Tensor:

@@ -13,7 +13,7 @@ from torch import Tensor
 from edge_sdk.precision import autocast, resolve_precision
 from server_kit.labelling.labels import LabelConfig, Labels, label_synthetic
 from server_kit.synthesis import DecoderConfig, Synthesis, SyntheticSet
-from server_kit.teachers import Federation
+from server_kit.teachers import Federation, unpaired_counts
 
 __all__ = ["LabellingConfig", "agreement", "label", "vote_labels"]
 
@@ -65,6 +65,7 @@ def vote_labels(
     """The teachers' vote on every sample (with drop_mismatch it also drops a constructed sample the
     teachers do not call its class: a blurry decode, or a decoder that lies about its labels); a
     constructed sample's target is ``construction_weight`` on its class, the rest on the vote."""
+    decoders = [] if synthesis.decoders is None else synthesis.decoders.label_counts
     votes = label_synthetic(
         fed.modules,
         x,
@@ -72,6 +73,7 @@ def vote_labels(
         synthesis.label_counts,
         config=config.labels,
         tau=config.tau,
+        decoder_only_counts=unpaired_counts(synthesis.label_counts, decoders) if decoders else None,
         device=fed.device,
         precision=config.precision,
     )

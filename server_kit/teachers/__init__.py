@@ -15,7 +15,7 @@ from server_kit.teachers.budget import (
     server_phases,
 )
 from server_kit.teachers.clones import weights_digest, without_clones
-from server_kit.teachers.counts import check_label_counts, class_shares, held_classes
+from server_kit.teachers.counts import check_label_counts, class_shares, held_classes, unpaired_counts
 from server_kit.teachers.ensemble import Federation, charge, split_kinds, usable_teachers
 from server_kit.teachers.loading import (
     Teacher,
@@ -61,6 +61,7 @@ __all__ = [
     "split_kinds",
     "teacher_workers",
     "teachers_from_bundles",
+    "unpaired_counts",
     "usable_teachers",
     "weights_digest",
     "without_clones",

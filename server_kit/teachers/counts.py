@@ -10,7 +10,7 @@ from torch import Tensor
 
 from common.errors import ConfigError, ToolkitError
 
-__all__ = ["check_label_counts", "class_shares", "held_classes"]
+__all__ = ["check_label_counts", "class_shares", "held_classes", "unpaired_counts"]
 
 
 def check_label_counts(
@@ -49,15 +49,43 @@ def check_label_counts(
     return counts
 
 
-def class_shares(label_counts: Sequence[Sequence[int]] | Tensor) -> Tensor:
-    """K x L float32: teacher k's share of the federation's examples of class c (columns sum to 1).
+def class_shares(
+    label_counts: Sequence[Sequence[int]] | Tensor, others: Sequence[Sequence[int]] | Tensor | None = None
+) -> Tensor:
+    """K x L float32: teacher k's share of the federation's examples of class c.
 
+    Without ``others`` the columns sum to 1. ``others`` (M x L) are the examples of devices that sent
+    no classifier (their knowledge reaches the server as decoders only): they count in each class's
+    total, so the classifiers' weights for a class sum to the share of its examples they saw, and a
+    teacher that alone among the classifiers holds a class no longer votes for it with full weight.
     A class no teacher has examples of gets uniform weights 1/K (every teacher is equally uninformed).
     """
     counts = check_label_counts(label_counts)
-    total = counts.sum(dim=0, keepdim=True)  # 1 x L
+    held = counts.sum(dim=0, keepdim=True)  # 1 x L
+    total = held
+    if others is not None:
+        extra = check_label_counts(others, num_classes=counts.shape[1], min_rows=0, what="others")
+        total = held + extra.sum(dim=0, keepdim=True)
     uniform = torch.full_like(counts, 1.0 / counts.shape[0])
-    return torch.where(total > 0, counts / total.clamp(min=1e-300), uniform).float()
+    return torch.where(held > 0, counts / total.clamp(min=1e-300), uniform).float()
+
+
+def unpaired_counts(
+    classifier_counts: Sequence[Sequence[int]] | Tensor, decoder_counts: Sequence[Sequence[int]] | Tensor
+) -> list[list[int]]:
+    """The decoders' count rows that are no classifier's: a device that uploads both sends the same
+    claim twice (its decoder's row equals its classifier's, or is that row with refused classes zeroed),
+    and counting it twice would weigh its data double. Bundles carry no device id, so a decoder row that
+    fits inside some classifier row (equal where the decoder claims anything) is taken as that device's."""
+    classifiers = check_label_counts(classifier_counts)
+    rows = check_label_counts(decoder_counts, num_classes=classifiers.shape[1], min_rows=0, what="decoders")
+    unpaired = []
+    for row in rows:
+        claimed = row > 0
+        inside = ((classifiers == row) | ~claimed).all(dim=1)  # equal on every class the decoder claims
+        if not bool(inside.any()) and bool(claimed.any()):
+            unpaired.append([int(v) for v in row.tolist()])
+    return unpaired
 
 
 def held_classes(label_counts: Sequence[Sequence[int]] | Tensor) -> Tensor:

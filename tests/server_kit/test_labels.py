@@ -17,6 +17,7 @@ from server_kit.labelling.labels import (
     held_classes,
     label_synthetic,
 )
+from server_kit.teachers import unpaired_counts
 from tests.server_kit.test_distill import SHAPE, L, images, teachers
 
 
@@ -71,6 +72,29 @@ def test_class_shares_and_held_classes():
         class_shares([[1, -1, 0]])
 
 
+def test_federation_shares_count_the_devices_that_sent_only_a_decoder():
+    counts = [[10, 0, 0], [30, 5, 0]]
+    w = class_shares(counts, others=[[40, 5, 0]])  # a wearable holding as many 0s as both classifiers
+    expected = torch.tensor([[0.125, 0.0, 0.5], [0.375, 0.5, 0.5]])  # class 2: still uniform
+    torch.testing.assert_close(w, expected)
+    torch.testing.assert_close(class_shares(counts, others=[]), class_shares(counts))
+    with pytest.raises(ConfigError, match="others must be K x L"):
+        class_shares(counts, others=[[1, 1]])
+
+
+def test_unpaired_counts_leave_out_a_classifier_devices_own_decoder():
+    classifiers = [[10, 0, 5], [0, 4, 5]]
+    decoders = [[10, 0, 5], [10, 0, 0], [0, 6, 1], [0, 0, 0]]
+    # the same claim, the same claim with class 2 refused, another device, a decoder with every claim refused
+    assert unpaired_counts(classifiers, decoders) == [[0, 6, 1]]
+    assert unpaired_counts(classifiers, []) == []
+
+
+def test_label_config_refuses_an_unknown_share_base():
+    with pytest.raises(ConfigError, match="shares must be one of"):
+        LabelConfig(shares="devices")  # type: ignore[arg-type]
+
+
 def test_check_label_counts_is_the_one_validator_of_claimed_counts():
     counts = check_label_counts(((3, 0, 1), (0, 2, 2)), num_classes=3)
     assert counts.dtype == torch.float64 and counts.tolist() == [[3, 0, 1], [0, 2, 2]]
@@ -97,6 +121,19 @@ def test_label_weighted_consensus_ignores_a_teacher_for_classes_it_never_saw():
     # unweighted, teacher 0's confident vote for class 1 counts fully
     mean = torch.tensor([(a + 2 / 3) / 3, (1 - 2 * a + 2 / 3) / 3, (a + 2 / 3) / 3])
     torch.testing.assert_close(consensus(ts, x, tau=1.0), mean.expand(4, -1))
+
+
+def test_federation_shares_take_a_lone_holders_full_weight_away():
+    # teacher 0 is the only classifier with 1s and calls every image a 1; teacher 1 holds the 0s, less sure
+    ts = [ConstantLogits([0.0, 3.0, 0.0]), ConstantLogits([2.0, 0.0, 0.0])]
+    counts, wearable = [[0, 100, 0], [100, 0, 0]], [[0, 300, 0]]  # a device that sent only a decoder
+    x, y = images(4), torch.zeros(4, dtype=torch.long)
+    plain = LabelConfig(drop_mismatch=False)
+    alone = label_synthetic(ts, x, y, counts, config=plain, tau=1.0, decoder_only_counts=wearable)
+    assert alone.targets.argmax(1).tolist() == [1] * 4  # "classifiers": the wearable's 1s are ignored
+    config = LabelConfig(drop_mismatch=False, shares="federation")
+    shared = label_synthetic(ts, x, y, counts, config=config, tau=1.0, decoder_only_counts=wearable)
+    assert shared.targets.argmax(1).tolist() == [0] * 4  # teacher 0 now holds a quarter of the 1s
 
 
 def test_consensus_validation():
