@@ -65,7 +65,9 @@ def vote_labels(
     """The teachers' vote on every sample (with drop_mismatch it also drops a constructed sample the
     teachers do not call its class: a blurry decode, or a decoder that lies about its labels); a
     constructed sample's target is ``construction_weight`` on its class, the rest on the vote."""
-    decoders = [] if synthesis.decoders is None else synthesis.decoders.label_counts
+    others = None  # the checked counts of the devices that sent only a decoder, where the shares count them
+    if config.labels.shares == "federation" and synthesis.decoders is not None:
+        others = unpaired_counts(synthesis.label_counts, synthesis.decoders.label_counts)
     votes = label_synthetic(
         fed.modules,
         x,
@@ -73,7 +75,7 @@ def vote_labels(
         synthesis.label_counts,
         config=config.labels,
         tau=config.tau,
-        decoder_only_counts=unpaired_counts(synthesis.label_counts, decoders) if decoders else None,
+        decoder_only_counts=others,
         device=fed.device,
         precision=config.precision,
     )
