@@ -35,7 +35,7 @@ from edge_sdk.train import to_float
 from export.atomic import atomic_write_json
 from server_kit.aggregate_config import AggregateConfig
 from server_kit.labelling import label, top_up
-from server_kit.synthesis import synthesize
+from server_kit.synthesis import synthesize, with_views
 from server_kit.teachers import Federation, split_kinds, without_clones
 from server_kit.teachers.abstain import own_probability
 from server_kit.teachers.counts import class_shares, held_classes
@@ -184,7 +184,7 @@ def main() -> None:
             tag = "synth_" + hashlib.sha256(key.encode()).hexdigest()[:12]
             (work / tag).mkdir(parents=True, exist_ok=True)
             cache[key] = synthesize(fed, config.synthesis_config(bool(fed.decoders)), work / tag)
-        synthesis = cache[key]
+        synthesis = with_views(cache[key], config.views)
         t_synth = time.perf_counter() - t0
         t0 = time.perf_counter()
         labels = label(fed, synthesis, config.labelling_config())

@@ -41,6 +41,7 @@ from server_kit.synthesis import (
     save_synthetic,
     synthesize,
     usable_decoders,
+    with_views,
 )
 from server_kit.teachers import (
     Federation,
@@ -227,6 +228,7 @@ def _phases(
     fed = Federation.from_teachers(team, device, decoders)
     synthesis = synthesize(fed, config.synthesis_config(bool(fed.decoders)), out, progress=progress)
     seconds.update(synthesis.seconds)
+    synthesis = with_views(synthesis, config.views)  # mirrors are new samples: labelled by the vote below
     with timed(seconds, "labels"):
         labelling = config.labelling_config()
         labels = label(fed, synthesis, labelling)

@@ -24,6 +24,7 @@ from server_kit.synthesis import (
     GeneratorConfig,
     InversionConfig,
     SynthesisConfig,
+    check_views,
 )
 from server_kit.teachers import BudgetConfig, Phase, server_phases
 from server_kit.training import AdversarialConfig, DistillConfig, FusionConfig, TrainingConfig
@@ -92,6 +93,10 @@ class AggregateConfig:
     # inversion and generator, and the decoders whenever CVAE decoder bundles are among the uploads and
     # the images are not color ones (or FedMHO's fusion needs them)
     synth: tuple[str, ...] | None = None
+    # more views of every synthetic image, each a sample the teachers label like the image itself: flip
+    # adds its mirror (a natural image keeps its class under it), none adds nothing; auto: flip for color
+    # images, none for the rest (a mirrored digit is no digit)
+    views: Literal["auto", "none", "flip"] = "auto"
     generator: GeneratorConfig = field(default_factory=GeneratorConfig.preset)
     labels: LabelConfig = field(default_factory=LabelConfig)
     # sources whose samples keep the class they were made for as a one-hot target instead of the
@@ -148,6 +153,7 @@ class AggregateConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
         self._check_sources()
+        check_views(self.views, allow_auto=True)
         self._check_phases()
         self._check_methods()
         if self.on_error not in ("stop", "skip"):
@@ -334,7 +340,8 @@ class AggregateConfig:
     def for_task(self, input_shape: tuple[int, int, int]) -> AggregateConfig:
         """This config with its ``auto`` settings decided by the teachers' input shape, never by a dataset
         name (:func:`edge_sdk.augment.is_color`): color images get the residual student, the inversion's
-        jitter and flip priors and 30 distillation epochs, and no decoder samples unless ``synth`` or
+        jitter and flip priors, the mirror of every synthetic image as a view of its own, 30 distillation
+        epochs, and no decoder samples unless ``synth`` or
         FedMHO's fusion asks for them (the small MLP decoders draw color blobs the teachers mostly reject);
         the rest (a mirrored digit is no digit) keep the small CNN, no priors, 10 epochs and the decoders,
         bit for bit the runs before these settings existed. What runs and what the report records is the
@@ -346,10 +353,14 @@ class AggregateConfig:
         synth = self.synth
         if synth is None and color and self.fusion is None:  # FedMHO's fusion trains on decoder samples
             synth = ("inversion", "generator")
+        views = self.views
+        if views == "auto":
+            views = "flip" if color else "none"
         return replace(
             self,
             student=student,
             synth=synth,
+            views=views,
             inversion=self.inversion.for_images(input_shape),
             distill=self.distill.for_images(input_shape),
         )

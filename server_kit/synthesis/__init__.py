@@ -23,11 +23,13 @@ from server_kit.synthesis.sources import (
     usable_decoders,
 )
 from server_kit.synthesis.store import SYNTHETIC_FILE, load_synthetic, save_synthetic
+from server_kit.synthesis.views import VIEWS, check_views, with_views
 
 __all__ = [
     "SOURCES",
     "SYNTHETIC_FILE",
     "SYNTH_SOURCES",
+    "VIEWS",
     "WORK_DIRS",
     "ClaimChecks",
     "ConditionalGenerator",
@@ -38,6 +40,7 @@ __all__ = [
     "Synthesis",
     "SynthesisConfig",
     "SyntheticSet",
+    "check_views",
     "clear_work_dirs",
     "filter_by_centroid",
     "load_decoder",
@@ -48,4 +51,5 @@ __all__ = [
     "synthesize",
     "train_generator",
     "usable_decoders",
+    "with_views",
 ]

@@ -88,9 +88,10 @@ def test_an_aggregation_replays_from_its_report(tmp_path, bundles):  # noqa: F81
 
 
 def test_auto_settings_are_decided_by_the_input_shape():
-    """The student and the inversion's image priors follow the teachers' channels, never a dataset name:
-    one channel keeps the small CNN and no priors (the runs before these settings), three get the residual
-    student, a shift of 1/8 of the side and the flip; a setting given is kept as given."""
+    """The student, the inversion's image priors and the mirrored views follow the teachers' channels,
+    never a dataset name: one channel keeps the small CNN, no priors and no views (the runs before these
+    settings), three get the residual student, a shift of 1/8 of the side, the flip and the mirrors; a
+    setting given is kept as given."""
     from server_kit.aggregate_config import COLOR_STUDENT, DEFAULT_STUDENT
 
     gray, color = AggregateConfig().for_task((1, 28, 28)), AggregateConfig().for_task((3, 32, 32))
@@ -98,6 +99,10 @@ def test_auto_settings_are_decided_by_the_input_shape():
     assert color.student == COLOR_STUDENT and (color.inversion.jitter, color.inversion.flip) == (0.125, True)
     assert (gray.distill.epochs, color.distill.epochs) == (10, 30)
     assert gray.synth is None and color.synth == ("inversion", "generator")
+    assert (gray.views, color.views) == ("none", "flip")  # a mirrored digit is no digit
+    assert AggregateConfig(views="none").for_task((3, 32, 32)).views == "none"  # given: kept
+    with pytest.raises(ConfigError, match="views must be one of"):
+        AggregateConfig(views="rotate")
     assert AggregateConfig(fusion=FusionConfig()).for_task((3, 32, 32)).synth is None  # FedMHO keeps them
     assert (
         AggregateConfig(distill=replace(AggregateConfig().distill, epochs=4))

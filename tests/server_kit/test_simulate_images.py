@@ -83,6 +83,7 @@ def test_a_colour_federation_runs_the_colour_defaults(tmp_path):
     assert main(argv) == 0
     config = json.loads((tmp_path / "sim" / "server" / "report.json").read_text())["config"]
     assert config["student"] == COLOR_STUDENT and config["synth"] == ["inversion", "generator"]
+    assert config["views"] == "flip"
     assert (config["inversion"]["jitter"], config["inversion"]["flip"], config["distill"]["epochs"]) == (
         0.125,
         True,
