@@ -341,10 +341,10 @@ class AggregateConfig:
         """This config with its ``auto`` settings decided by the teachers' input shape, never by a dataset
         name (:func:`edge_sdk.augment.is_color`): color images get the residual student, the inversion's
         jitter and flip priors, the mirror of every synthetic image as a view of its own, 30 distillation
-        epochs, and no decoder samples unless ``synth`` or
-        FedMHO's fusion asks for them (the small MLP decoders draw color blobs the teachers mostly reject);
-        the rest (a mirrored digit is no digit) keep the small CNN, no priors, 10 epochs and the decoders,
-        bit for bit the runs before these settings existed. What runs and what the report records is the
+        epochs, and no decoder samples unless ``synth`` or FedMHO's fusion asks for them (the small MLP
+        decoders draw color blobs the teachers mostly reject); the rest (a mirrored digit is no digit) keep
+        the small CNN, no priors, no views, 10 epochs and the decoders, bit for bit the runs before these
+        settings existed. What runs and what the report records is the
         resolved config."""
         color = is_color(input_shape)
         student = self.student
