@@ -3,10 +3,12 @@
 import json
 
 import pytest
+import torch
 
 from common.errors import ConfigError
 from server_kit.aggregate import aggregate
 from server_kit.aggregate_config import AggregateConfig
+from server_kit.synthesis import Synthesis, SyntheticSet, with_views
 from server_kit.synthesis.generator import GeneratorConfig
 from tests.server_kit.test_aggregate import bundles, tiny_config  # noqa: F401  (fixture reuse)
 
@@ -35,8 +37,8 @@ def test_bad_sources_are_refused(synth):
 
 
 def test_mirrored_views_double_every_source_and_are_labelled_by_the_vote(tmp_path, bundles):  # noqa: F811
-    """``views="flip"`` adds each source's mirrors right after that source, so the pooled set stays the
-    parts in order, and the vote labels every mirror itself (its own soft target, not its image's)."""
+    """``views="flip"`` doubles every source, and the vote labels every sample of the doubled set (the
+    mirrors are samples of their own, not copies of their images' targets)."""
     config = tiny_config(synth="inversion,generator", generator=TINY_GENERATOR, views="flip")
     result = aggregate(bundles, tmp_path, config=config)
     report = json.loads(result.report_path.read_text())
@@ -46,9 +48,8 @@ def test_mirrored_views_double_every_source_and_are_labelled_by_the_vote(tmp_pat
 
 
 def test_with_views_keeps_parts_in_order():
-    import torch
-
-    from server_kit.synthesis import Synthesis, SyntheticSet, with_views
+    """Each part is followed by its own mirrors, so the pooled set stays the parts in order (what the
+    construction labels and the top-up index by); a mirror keeps its image's teacher and class."""
 
     def part(start: int, n: int) -> SyntheticSet:
         x = torch.arange(start, start + n * 4, dtype=torch.float32).view(n, 1, 2, 2)
