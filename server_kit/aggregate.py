@@ -21,15 +21,15 @@ from typing import Any
 
 import torch
 
-from common.checks import check_real_dir, is_number
+from common.checks import check_real_dir
 from common.device import resolve_device
 from common.errors import DataError
 from common.timing import timed
-from edge_sdk.data import ArrayDataset, deploy_metadata_for
+from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import allowed_cores, usable_threads
 from export.atomic import atomic_write_bytes, atomic_write_json
-from export.onnx_export import export_onnx
 from server_kit.aggregate_config import AggregateConfig
+from server_kit.aggregate_report import run_report
 from server_kit.evaluate import evaluate_onnx
 from server_kit.labelling import Labels, agreement, label, top_up
 from server_kit.report import write_grid
@@ -55,7 +55,7 @@ from server_kit.teachers import (
     usable_teachers,
     without_clones,
 )
-from server_kit.training import Training, train_global
+from server_kit.training import Training, export_global, train_global
 
 __all__ = ["AggregateResult", "aggregate"]
 
@@ -181,15 +181,7 @@ def _run(
     synthetic = synthesis.synthetic
     seconds.update(training.seconds)
     with timed(seconds, "export"):
-        metadata = {
-            "arch": training.spec,
-            "role": "global-student",
-            "producer": "server-kit",
-            "num_classes": str(fed.num_classes),
-            "num_teachers": str(len(teachers)),
-            "seed": str(config.seed),
-        } | deploy_metadata_for(fed.input_shape, fed.num_classes, fed.class_names)
-        model_bytes = export_onnx(training.student, fed.input_shape, metadata=metadata, seed=config.seed)
+        model_bytes = export_global(training, fed, num_teachers=len(teachers), seed=config.seed)
         global_onnx = atomic_write_bytes(out / "global.onnx", model_bytes)
         keep = labels.keep
         grid_path = write_grid(out / "pseudo_images.png", synthetic.x[keep], labels.targets[keep])
@@ -199,7 +191,9 @@ def _run(
             evaluation = evaluate_onnx(model_bytes, eval_data, threads=torch.get_num_threads())
     seconds["total"] = time.perf_counter() - wall
     outputs = {"global_onnx": global_onnx.name, "pseudo_images": grid_path.name, "synthetic": SYNTHETIC_FILE}
-    report = _report(config, device, fed, teachers, skipped, synthesis, labels, agreed, training, evaluation)
+    report = run_report(
+        config, device, fed, teachers, skipped, synthesis, labels, agreed, training, evaluation
+    )
     report |= {"seconds": seconds, "started_at": started_at, "phase_order": list(seconds), "outputs": outputs}
     report["budget"] = budget
     report_path = atomic_write_json(out / "report.json", report)
@@ -239,63 +233,3 @@ def _phases(
         fed, synthesis, labels, config.training_config(), teachers=team, progress=progress
     )
     return fed, synthesis, labels, agreed, training
-
-
-def _report(
-    config: AggregateConfig,
-    device: torch.device,
-    fed: Federation,
-    teachers: list[Teacher],
-    skipped: list[tuple[str, str]],
-    synthesis: Synthesis,
-    labels: Labels,
-    agreed: dict[str, float],
-    training: Training,
-    evaluation: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """``report.json`` less the timings and the output names (its keys are written sorted)."""
-    return {
-        "config": config.to_dict(device),
-        "seed": config.seed,
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "student": {
-            "arch": training.spec,
-            "num_classes": fed.num_classes,
-            "input_shape": list(fed.input_shape),
-            "class_names": list(fed.class_names) if fed.class_names is not None else None,
-        },
-        "teachers": [_teacher_entry(t) for t in teachers],
-        "skipped": [{"file": path, "reason": reason} for path, reason in skipped],
-        "synthetic_size": len(synthesis.synthetic),
-        "generator_loss": [],
-        "decoders": None,
-        **synthesis.report,
-        "labels": labels.report,
-        "distilled_samples": labels.kept,
-        "training": "consensus distillation" if config.fusion is None else f"FedMHO-{config.fusion.mode}",
-        "init": training.init,
-        "fusion_loss": training.fusion_loss,
-        "label_agreement": agreed,
-        "distill_loss": training.distill_loss,
-        "adversarial": training.adversarial,
-        "accuracy": None if evaluation is None else evaluation["accuracy"],
-        "per_class_accuracy": None if evaluation is None else evaluation["per_class_accuracy"],
-        "num_eval_examples": None if evaluation is None else evaluation["num_examples"],
-    }
-
-
-def _teacher_entry(teacher: Teacher) -> dict[str, Any]:
-    """A teacher as the report lists it: where it came from, what it is, what it claims."""
-    bundle = teacher.bundle
-    accuracy = bundle.metrics.get("val_accuracy")
-    return {
-        "file": str(teacher.path) if teacher.path is not None else None,
-        "arch": bundle.arch,
-        "method": teacher.method,
-        "sha256": bundle.sha256,
-        "profile": bundle.profile.get("name"),
-        "num_examples": bundle.num_examples,
-        "label_counts": list(bundle.label_counts),
-        "val_accuracy": float(accuracy) if is_number(accuracy) else None,
-    }

@@ -5,7 +5,7 @@ from server_kit.training.adversarial import AdversarialConfig, adversarial_disti
 from server_kit.training.distill import DistillConfig, distill
 from server_kit.training.fedavg import average_state_dicts, fedavg_init
 from server_kit.training.fusion import FusionConfig, fuse
-from server_kit.training.global_model import Training, TrainingConfig, train_global
+from server_kit.training.global_model import Training, TrainingConfig, export_global, train_global
 
 __all__ = [
     "AdversarialConfig",
@@ -16,6 +16,7 @@ __all__ = [
     "adversarial_distill",
     "average_state_dicts",
     "distill",
+    "export_global",
     "fedavg_init",
     "fuse",
     "train_global",

@@ -12,7 +12,9 @@ import torch
 from common.errors import ConfigError, DataError
 from common.seeding import seeded
 from common.timing import timed
+from edge_sdk.data import deploy_metadata_for
 from edge_sdk.models.arch import build_model, parse_arch, with_num_classes
+from export.onnx_export import export_onnx
 from server_kit.labelling import LabelConfig, Labels
 from server_kit.synthesis import GeneratorConfig, Synthesis
 from server_kit.teachers import Federation, Teacher
@@ -21,7 +23,7 @@ from server_kit.training.distill import DistillConfig, distill
 from server_kit.training.fedavg import fedavg_init
 from server_kit.training.fusion import FusionConfig, fuse
 
-__all__ = ["Training", "TrainingConfig", "train_global"]
+__all__ = ["Training", "TrainingConfig", "export_global", "train_global"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,3 +148,17 @@ def _start(
         precision=config.precision,
     )
     return student, spec, "consensus-distillation", losses
+
+
+def export_global(training: Training, fed: Federation, *, num_teachers: int, seed: int) -> bytes:
+    """The trained global model as validated, parity-checked ONNX bytes, its metadata naming where it came
+    from (the server, its teachers, its seed) and how to deploy it (the task's input and classes)."""
+    metadata = {
+        "arch": training.spec,
+        "role": "global-student",
+        "producer": "server-kit",
+        "num_classes": str(fed.num_classes),
+        "num_teachers": str(num_teachers),
+        "seed": str(seed),
+    } | deploy_metadata_for(fed.input_shape, fed.num_classes, fed.class_names)
+    return export_onnx(training.student, fed.input_shape, metadata=metadata, seed=seed)
