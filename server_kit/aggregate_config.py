@@ -344,8 +344,7 @@ class AggregateConfig:
         epochs, and no decoder samples unless ``synth`` or FedMHO's fusion asks for them (the small MLP
         decoders draw color blobs the teachers mostly reject); the rest (a mirrored digit is no digit) keep
         the small CNN, no priors, no views, 10 epochs and the decoders, bit for bit the runs before these
-        settings existed. What runs and what the report records is the
-        resolved config."""
+        settings existed. What runs and what the report records is the resolved config."""
         color = is_color(input_shape)
         student = self.student
         if student == "auto":
