@@ -1,7 +1,7 @@
 """Issue check: a PSO-searched client model vs the fixed CNN1 baseline on the client's own test distribution.
 
     .venv/bin/python benchmarks/edge_vs_fixed.py RUN_DIR [--clients 0 1 2] [--out FILE]
-        [--rerun DIR [--search KEY=VALUE ...]] [--fixed-from FILE]
+        [--rerun DIR [--search KEY=VALUE ...]] [--fixed-from FILE] [--precision fp32]
 
 RUN_DIR is a `server-kit simulate` output. For each client: its bundled ONNX (from `edge-sdk run`) and CNN1
 trained with the same code path (`edge_sdk.final_training.train_final`) for the same number of final epochs on
@@ -66,6 +66,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--search", nargs="*", default=[], help="search overrides KEY=VALUE (JSON values)")
     parser.add_argument("--fixed-from", type=Path, help="an earlier output whose CNN1 rows are reused")
     parser.add_argument(
+        "--precision", default="auto", choices=("auto", "fp32", "bf16"),
+        help="CNN1's training and a rerun's (a simulate run's own: its --precision)",
+    )  # fmt: skip
+    parser.add_argument(
         "--update", action="store_true", help="keep the other clients' rows of an existing --out"
     )
     args = parser.parse_args(argv)
@@ -96,7 +100,7 @@ def main(argv: list[str]) -> None:
         shape, classes = data.input_shape, data.num_classes
         if args.rerun:
             search = build_search_config("fast", final_epochs=epochs, **overrides)
-            config = ClientConfig(search=search, seed=seed, role="classifier")
+            config = ClientConfig(search=search, seed=seed, role="classifier", precision=args.precision)
             out = args.rerun / f"{name}.bundle"
             res = run_client(data, profile=profile, config=config, out=out)
             bundle = read_bundle(out)
@@ -107,7 +111,9 @@ def main(argv: list[str]) -> None:
             fixed_row = earlier[k]
         else:
             t0 = time.perf_counter()
-            fixed = train_final(str(CNN1), train_split, val_split, epochs=epochs, seed=seed)
+            fixed = train_final(
+                str(CNN1), train_split, val_split, epochs=epochs, seed=seed, precision=args.precision
+            )
             fixed_seconds = time.perf_counter() - t0
             fixed_onnx = export_onnx(fixed.module, fixed.input_shape, metadata={"arch": fixed.arch})
             fixed_row = {
@@ -152,6 +158,7 @@ def main(argv: list[str]) -> None:
                     "run_dir": str(args.run_dir),
                     "rerun": str(args.rerun) if args.rerun else None,
                     "search_overrides": overrides,
+                    "precision": args.precision,
                     "clients": done,
                     "summary": summary,
                 },

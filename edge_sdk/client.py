@@ -79,12 +79,15 @@ __all__ = ["CODE_VERSION", "PROFILE_KEY_FIELDS", "ClientConfig", "ClientResult",
 
 log = logging.getLogger(__name__)  # the plan line, through edge_sdk's handler (common.cli)
 FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epochs
+# a finalist's row in the report: what the halving ranks it by (edge_sdk.halving.rank_finalists) and its cost
+FINALIST_FIELDS = ("val_accuracy", "val_loss", "train_seconds", "flops", "params")
 # The code that made a client's files: the toolkit's version, plus the client pipeline's own number, bumped
 # when a change makes the same settings and data give another bundle (new training, export or metrics),
 # so a resume redoes the clients of older code even between releases
 # 2: the time budget stops the search and final training; 3: successive halving in rungs, plateau stop;
-# 4: the color training recipe (augmentation, weight decay, cosine schedule) and the chain's residual block
-CODE_VERSION = f"{__version__}+client.4"
+# 4: the color training recipe (augmentation, weight decay, cosine schedule) and the chain's residual block;
+# 5: the finalists' rule keeps the search's warm start on a tie
+CODE_VERSION = f"{__version__}+client.5"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -380,11 +383,11 @@ def _train_finalists(
 ) -> tuple[TrainedModel, list[dict[str, Any]], bool]:
     """Successive halving over the search's finalists (:func:`edge_sdk.halving.halving_rungs`): all train
     the first rung's epochs, the best of them by :func:`~edge_sdk.halving.rank_finalists` (the
-    one-standard-error rule) go on to the next rung with their optimizers, until one is left; it trains on
-    to ``final_epochs`` unless its validation curve flattens first (``SearchConfig.plateau``). Returns it,
-    one row per finalist trained (validation numbers after its last rung; the chosen row adds the final
-    ones) and whether ``deadline`` cut the training (a training stops after the epoch during which it
-    passed; a finalist not started by then is skipped)."""
+    one-standard-error rule; the search's warm start kept on a tie) go on to the next rung with their
+    optimizers, until one is left; it trains on to ``final_epochs`` unless its validation curve flattens
+    first (``SearchConfig.plateau``). Returns it, one row per finalist trained (validation numbers after
+    its last rung; the chosen row adds the final ones) and whether ``deadline`` cut the training (a
+    training stops after the epoch during which it passed; a finalist not started by then is skipped)."""
     search_config = config.search
     final_epochs = search_config.resolved_final_epochs()
     keep = float(getattr(search_config, "finalist_keep", 0.0))
@@ -393,6 +396,7 @@ def _train_finalists(
     models: dict[int, TrainedModel] = {}
     rows: dict[int, dict[str, Any]] = {}
     alive, cut = list(range(len(result.finalists))), False
+    incumbent = result.finalists.index(result.incumbent) if result.incumbent in result.finalists else None
     for rung, (count, epochs) in enumerate(rungs):
         trained_now = []
         for i in alive[:count]:
@@ -403,11 +407,12 @@ def _train_finalists(
             models[i] = run(models.get(i), result.finalists[i], epochs, seed, deadline)
             m = models[i].metrics
             cut = cut or m["final_epochs"] < sum(e for _, e in rungs[: rung + 1])
-            rows[i] = {k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds", "flops")} | {
+            rows[i] = {k: m[k] for k in FINALIST_FIELDS} | {
                 "arch": result.finalists[i], "epochs": m["final_epochs"], "rungs": rung + 1
             }  # fmt: skip
             trained_now.append(i)
-        ranked = rank_finalists([rows[i] for i in trained_now], len(val_split))
+        inc = trained_now.index(incumbent) if incumbent in trained_now else None
+        ranked = rank_finalists([rows[i] for i in trained_now], len(val_split), inc)
         alive = [trained_now[j] for j in ranked]
         if cut:
             break
@@ -427,7 +432,7 @@ def _train_finalists(
     assert best is not None
     if chosen not in rows:  # one finalist: no rung
         m = best.metrics
-        rows[chosen] = {k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds", "flops")} | {
+        rows[chosen] = {k: m[k] for k in FINALIST_FIELDS} | {
             "arch": best.arch, "epochs": m["final_epochs"], "rungs": 0
         }  # fmt: skip
     elif best is not models[chosen]:
@@ -551,7 +556,7 @@ def _train_from_init(
         details={"init": weights.sha256},
     )
     m = trained.metrics
-    row = {k: m[k] for k in ("val_accuracy", "val_loss", "train_seconds", "flops")}
+    row = {k: m[k] for k in FINALIST_FIELDS}
     return result, trained, [row | {"arch": weights.arch, "epochs": m["final_epochs"], "chosen": True}]
 
 

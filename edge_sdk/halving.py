@@ -43,21 +43,41 @@ def schedule_epochs(finalists: int, shared_epochs: int, keep: float, final_epoch
     return sum(n * epochs for n, epochs in rungs) + max(0, final_epochs - shared)
 
 
-def rank_finalists(rows: Sequence[Mapping[str, Any]], n_val: int) -> list[int]:
-    """Indices of ``rows`` (``val_accuracy``, ``val_loss``, ``flops``), best first: the rows within one
-    binomial standard error of the best accuracy, cheapest (FLOPs) first, then the others by accuracy.
+def rank_finalists(rows: Sequence[Mapping[str, Any]], n_val: int, incumbent: int | None = None) -> list[int]:
+    """Indices of ``rows`` (``val_accuracy``, ``val_loss``, ``flops``, ``params``), best first: the
+    one-standard-error rule, with the hand-made design as the default.
 
-    The one-standard-error rule of model selection: a difference that small is the validation split's
-    noise, and the device pays for every FLOP of a larger model (ties: higher accuracy, lower loss, the
-    search's order). The first index is the one-standard-error choice.
+    Rows within one binomial standard error of the best accuracy are the validation split's noise apart.
+    Among them the search replaces ``incumbent`` (the row of the design it was warm-started from) only with
+    a finalist that costs the device no more in either budget it screens (FLOPs and parameters), cheapest
+    in FLOPs first; then the incumbent; then the other near rows by accuracy. The rungs decide a few epochs
+    into the training: a finalist that ties the incumbent there with fewer FLOPs but a wide dense head fits
+    fast and can end worse, so a tie is no reason to leave the design the search started from
+    (benchmarks/RESULTS.md, "the finalists' rule"). Without an incumbent among them (none, or it fell
+    out of the noise), the near rows go cheapest in FLOPs first: the device pays for every FLOP. The
+    other rows follow by accuracy (ties: lower loss, the search's order). The first index is the choice.
     """
     top = max(r["val_accuracy"] for r in rows)
     margin = math.sqrt(top * (1 - top) / max(n_val, 1))
     near = [i for i, r in enumerate(rows) if r["val_accuracy"] >= top - margin]
     rest = [i for i in range(len(rows)) if i not in near]
-    near.sort(key=lambda i: (rows[i]["flops"], -rows[i]["val_accuracy"], rows[i]["val_loss"], i))
-    rest.sort(key=lambda i: (-rows[i]["val_accuracy"], rows[i]["val_loss"], i))
-    return near + rest
+
+    def accurate(i: int) -> tuple[float, float, int]:
+        return -rows[i]["val_accuracy"], rows[i]["val_loss"], i
+
+    def cheap(i: int) -> tuple[float, float, float, int]:
+        return (rows[i]["flops"], *accurate(i))
+
+    rest.sort(key=accurate)
+    if incumbent is None or incumbent not in near:
+        return sorted(near, key=cheap) + rest
+    base = rows[incumbent]
+    cheaper = [
+        i for i in near
+        if i != incumbent and rows[i]["flops"] <= base["flops"] and rows[i]["params"] <= base["params"]
+    ]  # fmt: skip
+    others = [i for i in near if i != incumbent and i not in cheaper]
+    return [*sorted(cheaper, key=cheap), incumbent, *sorted(others, key=accurate), *rest]
 
 
 def plateaued(val_losses: Sequence[float], *, patience: int, min_epochs: int, min_delta: float) -> bool:

@@ -143,7 +143,9 @@ class SearchResult:
     ``rejected`` counts distinct specs rejected by the budget; ``cache_hits`` counts evaluations answered
     from the cache; ``candidate_epochs`` is the number of epochs actually trained; ``repeats_best`` holds
     (spec, fitness) of each independent swarm; ``finalists`` the specs the client trains fully and picks
-    from, best fitness first (``best_spec`` alone unless ``PSOConfig.finalists`` > 1).
+    from, best fitness first (``best_spec`` alone unless ``PSOConfig.finalists`` > 1); ``incumbent`` the
+    finalist that is the hand-made design the search was warm-started from, which the client keeps
+    unless another is better beyond the noise or no costlier (:func:`edge_sdk.halving.rank_finalists`).
     """
 
     strategy: str
@@ -157,6 +159,7 @@ class SearchResult:
     repeats_best: tuple[tuple[str, float], ...]
     details: dict[str, Any] = field(default_factory=dict)  # strategy-specific (evolution: predictor)
     finalists: tuple[str, ...] = ()
+    incumbent: str | None = None
     budget_stopped: bool = False  # the time budget ended the search before its plan (see progress)
     progress: dict[str, list[int]] = field(default_factory=dict)  # [done, planned] per strategy loop
     # the best spec's training loss per epoch (empty when a proxy scored it): the client report's curve
@@ -178,6 +181,7 @@ class SearchResult:
             "seconds": round(self.seconds, 3),
             "repeats_best": [{"spec": s, "fitness": _finite(f)} for s, f in self.repeats_best],
             "finalists": list(self.finalists),
+            "incumbent": self.incumbent,
             "details": self.details,
             "budget_stopped": self.budget_stopped,
             "progress": self.progress,
@@ -260,6 +264,7 @@ def search(
         repeats_best=tuple((str(s), float(f)) for s, f in found.repeats_best),
         details=found.details,
         finalists=found.finalists,
+        incumbent=found.incumbent,
         budget_stopped=ev.stopped,
         progress=found.progress,
         best_curve=tuple({"train_loss": loss} for loss in ev.curves.get(str(best_spec), ())),

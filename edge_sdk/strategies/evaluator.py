@@ -67,12 +67,14 @@ class Evaluation:
 class Found:
     """What one strategy run returns to :func:`edge_sdk.search.search`: (spec, fitness) of each
     independent run (the best of them wins), strategy-specific details for the report, the finalists
-    the client trains (empty: the winner alone), and ``progress``: [done, planned] of each of the
-    strategy's loops (PSO's swarms and iterations, evolution's generations), what a time budget cut."""
+    the client trains (empty: the winner alone), ``incumbent``: the hand-made design among them that the
+    search started from (None: none), and ``progress``: [done, planned] of each of the strategy's loops
+    (PSO's swarms and iterations, evolution's generations), what a time budget cut."""
 
     repeats_best: list[tuple[ArchSpec, float]]
     details: dict[str, Any] = field(default_factory=dict)
     finalists: tuple[str, ...] = ()
+    incumbent: str | None = None
     progress: dict[str, list[int]] = field(default_factory=dict)
 
 

@@ -53,8 +53,10 @@ class PSOConfig(SearchConfig):
             whose learning curves cross later. 1: the paper's Algorithm 2.
         finalist_share: successive halving of the finalists: this share of the final epochs (at least
             one) is spread over the rungs of the halving on the whole training split, and the last
-            finalist goes on to all of them: the cheapest within one standard error of the most
-            accurate on validation. 1.0 with no halving trains every finalist fully.
+            finalist goes on to all of them: of those within one standard error of the most accurate on
+            validation, the warm start unless another costs no more FLOPs and parameters, else the
+            cheapest (:func:`edge_sdk.halving.rank_finalists`). 1.0 with no halving trains every
+            finalist fully.
         finalist_keep: the share of the finalists that goes on after each rung of the halving: 0.5
             with three finalists trains all three one epoch, the best two a second, and the best of
             those on; 0 decides among all of them at once.
@@ -221,4 +223,7 @@ def run(ev: Evaluator, config: PSOConfig, seeds: list[np.random.SeedSequence]) -
         "particles": [sum(swarm[3] for swarm in swarms), config.repeats * config.particles],
         "iterations": [sum(swarm[4] for swarm in swarms), config.repeats * config.iterations],
     }
-    return Found(repeats_best=repeats_best, finalists=tuple(finalists), progress=progress)
+    incumbent = warm if warm in finalists else None
+    return Found(
+        repeats_best=repeats_best, finalists=tuple(finalists), incumbent=incumbent, progress=progress
+    )

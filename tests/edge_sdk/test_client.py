@@ -53,12 +53,17 @@ def test_run_client_keeps_the_most_accurate_finalist(
     assert sorted(r["epochs"] for r in rows) == [1, 2, 2]
     assert [r["rungs"] for r in rows] == [1 if r["epochs"] == 1 else 2 for r in rows]
     chosen = next(r for r in rows if r["chosen"])
-    # the cheapest finalist of the last rung within one standard error of its best validation accuracy
+    # the last rung's one-standard-error choice: the warm start where it ties, unless a finalist there
+    # costs no more in FLOPs and parameters; else the cheapest in FLOPs
     last = [r for r in rows if r["epochs"] == 2]
     top = max(r["val_accuracy"] for r in last)
     n_val = 600 - read_bundle(result.bundle_path).num_examples
     near = [r for r in last if r["val_accuracy"] >= top - math.sqrt(top * (1 - top) / n_val)]
+    warm = next((r for r in near if r["arch"] == result.search.incumbent), None)
+    if warm is not None:
+        near = [r for r in near if r["flops"] <= warm["flops"] and r["params"] <= warm["params"]]
     assert chosen["flops"] == min(r["flops"] for r in near) and chosen["final_epochs"] == 4
+    assert report["search"]["incumbent"] == result.search.incumbent
     assert all("final_val_accuracy" not in r for r in rows if not r["chosen"])
     bundle = read_bundle(result.bundle_path)
     assert bundle.arch == result.arch == chosen["arch"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -44,13 +45,29 @@ def test_halving_rungs_and_their_epochs() -> None:
 
 def test_rank_finalists_is_the_one_standard_error_rule() -> None:
     rows = [
-        {"val_accuracy": 0.990, "val_loss": 0.03, "flops": 300},
-        {"val_accuracy": 0.986, "val_loss": 0.04, "flops": 20},  # 0.4 points under: within 1 SE of 400
-        {"val_accuracy": 0.970, "val_loss": 0.09, "flops": 5},  # 2 points under: out
+        {"val_accuracy": 0.990, "val_loss": 0.03, "flops": 300, "params": 9},
+        {"val_accuracy": 0.986, "val_loss": 0.04, "flops": 20, "params": 9},  # 0.4 under: within 1 SE of 400
+        {"val_accuracy": 0.970, "val_loss": 0.09, "flops": 5, "params": 9},  # 2 points under: out
     ]
     assert rank_finalists(rows, 400) == [1, 0, 2]  # SE = sqrt(0.99 * 0.01 / 400) = 0.5 points
     assert rank_finalists(rows, 40_000) == [0, 1, 2]  # SE = 0.05 points: only the best is near
     assert rank_finalists([{**rows[0], "val_accuracy": 1.0}, rows[1]], 400) == [0, 1]
+
+
+def test_rank_finalists_keeps_the_incumbent_on_a_tie() -> None:
+    """Within the noise the search's warm start stays, unless a finalist costs no more in FLOPs and in
+    parameters; out of the noise it has no say."""
+    rows = [
+        {"val_accuracy": 0.750, "val_loss": 0.80, "flops": 13, "params": 3_161},  # fewer FLOPs, wide head
+        {"val_accuracy": 0.745, "val_loss": 0.77, "flops": 31, "params": 95},  # the warm start
+        {"val_accuracy": 0.748, "val_loss": 0.79, "flops": 74, "params": 138},  # costlier in both
+        {"val_accuracy": 0.700, "val_loss": 0.95, "flops": 5, "params": 11},  # out of the noise
+    ]
+    assert rank_finalists(rows, 1000) == [0, 1, 2, 3]  # SE = 1.4 points: no incumbent, cheapest first
+    assert rank_finalists(rows, 1000, incumbent=1) == [1, 0, 2, 3]  # the tie stays with the warm start
+    cheaper = [*rows[:3], {**rows[3], "val_accuracy": 0.744}]  # now in the noise, cheaper in both
+    assert rank_finalists(cheaper, 1000, incumbent=1) == [3, 1, 0, 2]
+    assert rank_finalists(rows, 40_000, incumbent=1) == [0, 2, 1, 3]  # SE = 0.2 points: accuracy decides
 
 
 # validation accuracy after each epoch of three made-up finalists: c starts worst (and would end best),
@@ -61,6 +78,7 @@ CURVES = {
     "c": [0.80, 0.99, 0.99, 0.99, 0.99, 0.99, 0.99, 0.99],
 }
 FLOPS = {"a": 100, "b": 50, "c": 10}
+PARAMS = {"a": 1_000, "b": 5_000, "c": 100}
 
 
 def _fake_train_more(calls: list[tuple[str, int]]) -> Any:
@@ -74,6 +92,7 @@ def _fake_train_more(calls: list[tuple[str, int]]) -> Any:
             "val_loss": 1 - acc,
             "train_seconds": float(done),
             "flops": FLOPS[arch],
+            "params": PARAMS[arch],
             "final_epochs": done,
             "best_epoch": done,
             "plateau_stopped": False,
@@ -85,8 +104,11 @@ def _fake_train_more(calls: list[tuple[str, int]]) -> Any:
 
 
 class _Split:
+    def __init__(self, n: int = 10_000) -> None:
+        self.n = n
+
     def __len__(self) -> int:
-        return 10_000
+        return self.n
 
 
 def test_successive_halving_keeps_the_right_finalists(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,6 +134,36 @@ def test_successive_halving_keeps_the_right_finalists(monkeypatch: pytest.Monkey
     ]
     assert best.arch == "a" and rows[0]["final_epochs"] == 8 and rows[0]["final_val_accuracy"] == 0.97
     assert not cut and sum(epochs for _, epochs in calls) == 11
+
+
+def test_successive_halving_keeps_the_warm_start_on_a_tie(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(client, "_train_more", _fake_train_more(calls))
+    result = SearchResult(
+        "pso", "a", 0.1, (), 0, 0, 0, 0.0, (("a", 0.1),), finalists=("a", "b", "c"), incumbent="b"
+    )
+    config = ClientConfig(search=PSOConfig(final_epochs=8, plateau_patience=0), role="classifier")
+    # 100 validation images: a standard error of about 2 points; after two epochs a (0.95) and the warm
+    # start b (0.94) tie, a costs more FLOPs, so b trains on; with a as the warm start, b (fewer FLOPs,
+    # more parameters) is not cheaper in both budgets, so a does
+    best, _, _ = client._train_finalists(
+        result,
+        _Split(),
+        _Split(100),
+        config,
+        Deadline.after(math.inf),  # type: ignore[arg-type]
+    )
+    assert calls == [("a", 1), ("b", 1), ("c", 1), ("b", 1), ("a", 1), ("b", 6)] and best.arch == "b"
+    calls.clear()
+    result = dataclasses.replace(result, incumbent="a")
+    best, _, _ = client._train_finalists(
+        result,
+        _Split(),
+        _Split(100),
+        config,
+        Deadline.after(math.inf),  # type: ignore[arg-type]
+    )
+    assert calls[-1] == ("a", 6) and best.arch == "a"
 
 
 def test_final_epochs_and_plateau_follow_the_recipe() -> None:
