@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -139,31 +138,19 @@ def test_successive_halving_keeps_the_right_finalists(monkeypatch: pytest.Monkey
 def test_successive_halving_keeps_the_warm_start_on_a_tie(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(client, "_train_more", _fake_train_more(calls))
-    result = SearchResult(
-        "pso", "a", 0.1, (), 0, 0, 0, 0.0, (("a", 0.1),), finalists=("a", "b", "c"), incumbent="b"
-    )
     config = ClientConfig(search=PSOConfig(final_epochs=8, plateau_patience=0), role="classifier")
     # 100 validation images: a standard error of about 2 points; after two epochs a (0.95) and the warm
     # start b (0.94) tie, a costs more FLOPs, so b trains on; with a as the warm start, b (fewer FLOPs,
     # more parameters) is not cheaper in both budgets, so a does
-    best, _, _ = client._train_finalists(
-        result,
-        _Split(),
-        _Split(100),
-        config,
-        Deadline.after(math.inf),  # type: ignore[arg-type]
-    )
-    assert calls == [("a", 1), ("b", 1), ("c", 1), ("b", 1), ("a", 1), ("b", 6)] and best.arch == "b"
-    calls.clear()
-    result = dataclasses.replace(result, incumbent="a")
-    best, _, _ = client._train_finalists(
-        result,
-        _Split(),
-        _Split(100),
-        config,
-        Deadline.after(math.inf),  # type: ignore[arg-type]
-    )
-    assert calls[-1] == ("a", 6) and best.arch == "a"
+    for warm in ("b", "a"):
+        calls.clear()
+        result = SearchResult(
+            "pso", "a", 0.1, (), 0, 0, 0, 0.0, (("a", 0.1),), finalists=("a", "b", "c"), incumbent=warm
+        )
+        best, _, _ = client._train_finalists(
+            result, _Split(), _Split(100), config, Deadline.after(math.inf)  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert calls == [("a", 1), ("b", 1), ("c", 1), ("b", 1), ("a", 1), (warm, 6)] and best.arch == warm
 
 
 def test_final_epochs_and_plateau_follow_the_recipe() -> None:
