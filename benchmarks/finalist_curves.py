@@ -25,8 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from edge_vs_fixed import client_test_set
 
-from common.seeding import derive_seed
-from edge_sdk.client import FINALIST_STREAM
+from edge_sdk.client import finalist_seed
 from edge_sdk.data import client_name, load_client_data, split_train_val
 from edge_sdk.final_training import train_final
 from edge_sdk.halving import halving_rungs
@@ -40,9 +39,9 @@ def segments(seed: int, finalists: int, final_epochs: int) -> list[tuple[int, in
     """(epochs, seed) of each part of the chosen finalist's training, as the client runs it."""
     config = build_search_config("fast", final_epochs=final_epochs)
     rungs = halving_rungs(finalists, config.finalist_epochs(), config.finalist_keep)
-    parts = [(e, seed if r == 0 else derive_seed(seed, FINALIST_STREAM, r)) for r, (_, e) in enumerate(rungs)]
+    parts = [(e, finalist_seed(seed, r)) for r, (_, e) in enumerate(rungs)]
     rest = final_epochs - sum(e for e, _ in parts)
-    return parts + ([(rest, derive_seed(seed, FINALIST_STREAM))] if rest > 0 else [])
+    return parts + ([(rest, finalist_seed(seed, None))] if rest > 0 else [])
 
 
 def curve(arch: str, parts: list[tuple[int, int]], train, val, test, final_epochs: int) -> dict[str, Any]:

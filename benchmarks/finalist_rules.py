@@ -14,16 +14,16 @@ after twice as many. "both fit": the clients whose profile admits CNN1 as it is.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from edge_sdk.data import load_client_data
-from edge_sdk.halving import rank_finalists
+from edge_sdk.halving import halving_rungs, rank_finalists
 from edge_sdk.models.arch import build_model
 from edge_sdk.models.zoo import CNN1
 from edge_sdk.profiling import fits, profile_model
+from edge_sdk.strategies.pso import PSOConfig
 from profiles import load_profile
 
 RULES = ("flops", "incumbent", "accuracy")
@@ -46,14 +46,17 @@ def choose(rule: str, client: dict[str, Any], decisions: list[int]) -> int:
     finalists = client["finalists"]
     warm = client.get("incumbent")
     alive = list(range(len(finalists)))
-    for r, epoch in enumerate(decisions):
+    # how many go on after each decision: the halving's own rung sizes, one at the end
+    rungs = halving_rungs(len(finalists), len(decisions), PSOConfig().finalist_keep)
+    goes_on = [n for n, _ in rungs[1:]] + [1]
+    assert len(goes_on) == len(decisions), (len(finalists), decisions)
+    for epoch, keep in zip(decisions, goes_on, strict=True):
         rows = _rows(finalists, alive, epoch)
         if rule == "accuracy":
             order = sorted(range(len(rows)), key=lambda i: (-rows[i]["val_accuracy"], rows[i]["val_loss"], i))
         else:
             inc = alive.index(warm) if rule == "incumbent" and warm in alive else None
             order = rank_finalists(rows, client["n_val"], inc)
-        keep = 1 if r == len(decisions) - 1 else max(1, min(len(alive) - 1, math.ceil(0.5 * len(alive))))
         alive = [alive[j] for j in order][:keep]
     return alive[0]
 

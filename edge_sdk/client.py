@@ -74,7 +74,15 @@ from edge_sdk.train import release_memory
 from export.atomic import atomic_write_json
 from profiles import DeviceProfile
 
-__all__ = ["CODE_VERSION", "PROFILE_KEY_FIELDS", "ClientConfig", "ClientResult", "resume_key", "run_client"]
+__all__ = [
+    "CODE_VERSION",
+    "PROFILE_KEY_FIELDS",
+    "ClientConfig",
+    "ClientResult",
+    "finalist_seed",
+    "resume_key",
+    "run_client",
+]
 
 
 log = logging.getLogger(__name__)  # the plan line, through edge_sdk's handler (common.cli)
@@ -374,6 +382,14 @@ def _plan_kept(
     return compare(plan, spent, measured)
 
 
+def finalist_seed(seed: int, rung: int | None) -> int:
+    """The seed of one part of a finalist's training: rung ``rung`` of the halving (the first: the
+    client's seed), or, for None, the kept finalist's remaining epochs."""
+    if rung is None:
+        return derive_seed(seed, FINALIST_STREAM)
+    return seed if rung == 0 else derive_seed(seed, FINALIST_STREAM, rung)
+
+
 def _train_finalists(
     result: SearchResult,
     train_split: ArrayDataset,
@@ -403,7 +419,7 @@ def _train_finalists(
             if models and deadline.expired():
                 cut = True
                 break
-            seed = config.seed if rung == 0 else derive_seed(config.seed, FINALIST_STREAM, rung)
+            seed = finalist_seed(config.seed, rung)
             models[i] = run(models.get(i), result.finalists[i], epochs, seed, deadline)
             m = models[i].metrics
             cut = cut or m["final_epochs"] < sum(e for _, e in rungs[: rung + 1])
@@ -425,7 +441,7 @@ def _train_finalists(
         cut = True
     elif (rest > 0 or best is None) and not done:
         # the winner goes on where it stopped, Adam's moments kept (new batch orders)
-        seed = config.seed if best is None else derive_seed(config.seed, FINALIST_STREAM)
+        seed = config.seed if best is None else finalist_seed(config.seed, None)
         best = run(best, result.finalists[chosen], rest, seed, deadline, plateau)
         m = best.metrics
         cut = m["final_epochs"] < final_epochs and not m["plateau_stopped"]
