@@ -23,7 +23,16 @@ from edge_sdk.profiling import TRAIN_FLOP_FACTOR
 from edge_sdk.strategies.base import SearchConfig
 from profiles import DeviceProfile
 
-__all__ = ["actual_flops", "compare", "plan_flops", "plan_line", "reference_flops"]
+__all__ = [
+    "actual_flops",
+    "compare",
+    "final_training_flops",
+    "pass_flops",
+    "plan_flops",
+    "plan_line",
+    "reference_flops",
+    "search_flop_budget",
+]
 
 
 def reference_flops(
@@ -38,9 +47,46 @@ def reference_flops(
     return int(profile.max_flops)
 
 
-def _pass_flops(flops: int, epochs: int, trained: int, validated: int) -> int:
+def pass_flops(flops: int, epochs: int, trained: int, validated: int) -> int:
     """``epochs`` of training on ``trained`` images and a validation pass over ``validated`` each."""
     return int(flops * epochs * (TRAIN_FLOP_FACTOR * trained + validated))
+
+
+def final_training_flops(
+    config: SearchConfig,
+    profile: DeviceProfile,
+    *,
+    n_train: int,
+    n_val: int,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    searched: bool = True,
+) -> int:
+    """The final training's planned FLOPs: the halving schedule's epochs (``searched`` False: the given
+    weights' ``final_epochs``) at the reference model, validated every epoch where the plateau rule runs."""
+    flops = reference_flops(config, profile, input_shape, num_classes)
+    epochs = config.final_training_epochs() if searched else config.resolved_final_epochs()
+    validated = n_val if config.plateau() is not None else n_val / max(epochs, 1)
+    return pass_flops(flops, epochs, n_train, int(validated))
+
+
+def search_flop_budget(
+    config: SearchConfig,
+    profile: DeviceProfile,
+    *,
+    n_train: int,
+    n_val: int,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+) -> int | None:
+    """The training FLOPs the search may spend: ``config.search_budget`` times the final training's
+    planned FLOPs (:func:`final_training_flops`); None: no FLOP budget."""
+    if config.search_budget is None:
+        return None
+    final = final_training_flops(
+        config, profile, n_train=n_train, n_val=n_val, input_shape=input_shape, num_classes=num_classes
+    )
+    return int(config.search_budget * final)
 
 
 def _cvae_flops(
@@ -70,16 +116,18 @@ def plan_flops(
     if search is not None:
         flops = reference_flops(search, profile, input_shape, num_classes)
         subset = min(n_train, search.max_train_samples or n_train)
+        shape = {"n_train": n_train, "n_val": n_val, "input_shape": input_shape, "num_classes": num_classes}
         plan["reference_flops_per_image"] = flops
         if searched:
-            candidate = _pass_flops(flops, 1, search.search_epochs * subset, n_val)
+            candidate = pass_flops(flops, 1, search.search_epochs * subset, n_val)
             plan["search"] = candidate * search.planned_candidates()
-        epochs = search.final_training_epochs() if searched else search.final_epochs
-        validated = n_val if search.plateau() is not None else n_val / max(epochs, 1)
-        plan["final_training"] = _pass_flops(flops, epochs, n_train, int(validated))
+            budget = search_flop_budget(search, profile, **shape)
+            if budget is not None:  # the search stops once it spent its budget (one candidate past)
+                plan["search"] = min(plan["search"], budget + candidate)
+        plan["final_training"] = final_training_flops(search, profile, searched=searched, **shape)
     if cvae is not None:
         flops = _cvae_flops(cvae, profile, input_shape, num_classes)
-        plan["cvae"] = _pass_flops(flops, cvae.epochs, n_train, 0) + flops * n_val
+        plan["cvae"] = pass_flops(flops, cvae.epochs, n_train, 0) + flops * n_val
     plan["total"] = plan["search"] + plan["final_training"] + plan["cvae"]
     plan["gflops"] = float(profile.gflops)
     plan["seconds"] = round(plan["total"] / (profile.gflops * 1e9), 3)
@@ -104,13 +152,13 @@ def actual_flops(
     spent = {"search": 0, "final_training": 0, "cvae": 0}
     for flops, epochs in candidates:
         if epochs > 0:
-            spent["search"] += _pass_flops(flops, 1, epochs * search_subset, n_val)
+            spent["search"] += pass_flops(flops, 1, epochs * search_subset, n_val)
     for row in finalists:
         epochs = row.get("final_epochs", row["epochs"])
         validated = n_val * epochs if val_every_epoch else n_val
-        spent["final_training"] += _pass_flops(row["flops"], epochs, n_train, 0) + row["flops"] * validated
+        spent["final_training"] += pass_flops(row["flops"], epochs, n_train, 0) + row["flops"] * validated
     if cvae_flops is not None:
-        spent["cvae"] = _pass_flops(cvae_flops, cvae_epochs, n_train, 0) + cvae_flops * n_val
+        spent["cvae"] = pass_flops(cvae_flops, cvae_epochs, n_train, 0) + cvae_flops * n_val
     spent["total"] = sum(spent.values())
     return spent
 

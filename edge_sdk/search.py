@@ -31,6 +31,7 @@ from common.configs import config_from_dict, refuse_renamed
 from common.errors import ConfigError, DataError
 from common.timing import Deadline
 from edge_sdk.data import ArrayDataset
+from edge_sdk.plan import search_flop_budget
 from edge_sdk.precision import resolve_precision
 from edge_sdk.strategies import baselines, evolution, pso
 from edge_sdk.strategies.base import RECORD_DEFAULTS, SearchConfig
@@ -161,6 +162,9 @@ class SearchResult:
     finalists: tuple[str, ...] = ()
     incumbent: str | None = None
     budget_stopped: bool = False  # the time budget ended the search before its plan (see progress)
+    flop_budget: int | None = None  # the training FLOPs the search could spend (None: unbounded)
+    spent_flops: int = 0  # what its candidates' training spent (edge_sdk.plan's counting)
+    flops_spent: bool = False  # the FLOP budget ended the search before its plan (see progress)
     progress: dict[str, list[int]] = field(default_factory=dict)  # [done, planned] per strategy loop
     # the best spec's training loss per epoch (empty when a proxy scored it): the client report's curve
     best_curve: tuple[dict[str, float], ...] = ()
@@ -184,6 +188,9 @@ class SearchResult:
             "incumbent": self.incumbent,
             "details": self.details,
             "budget_stopped": self.budget_stopped,
+            "flop_budget": self.flop_budget,
+            "spent_flops": self.spent_flops,
+            "flops_spent": self.flops_spent,
             "progress": self.progress,
             "evaluations": [
                 dataclasses.asdict(e) | {"fitness": _finite(e.fitness), "seconds": round(e.seconds, 3)}
@@ -214,6 +221,8 @@ def search(
     candidate). Candidates train and are scored at ``precision`` (:mod:`edge_sdk.precision`). Raises
     :class:`BudgetError` when the budget admits no candidate. Past ``deadline`` the strategy starts no
     new candidate and returns the best it found (at least one trained candidate): ``budget_stopped``.
+    So it does once its candidates have spent ``config.search_budget`` times the final training's planned
+    FLOPs (:func:`edge_sdk.plan.search_flop_budget`): ``flops_spent``.
     """
     check_int("seed", seed, 0)
     strategy = _strategy(config.strategy)
@@ -237,6 +246,14 @@ def search(
         picked = np.random.default_rng(subset_seq).choice(len(train), config.max_train_samples, replace=False)
         train = train.subset(np.sort(picked))
     planned = config.planned_candidates()
+    flop_budget = search_flop_budget(
+        config,
+        profile,
+        n_train=full,
+        n_val=len(val),
+        input_shape=train.input_shape,
+        num_classes=train.num_classes,
+    )
     with tqdm(total=planned, desc=f"search ({config.strategy})", unit="cand", disable=not progress) as bar:
         ev = Evaluator(
             train,
@@ -249,6 +266,7 @@ def search(
             precision,
             final_samples=full,
             deadline=deadline,
+            flop_budget=flop_budget,
         )
         found = strategy.run(ev, config, seeds)
     best_spec, best_fitness = min(found.repeats_best, key=lambda item: item[1])
@@ -266,6 +284,9 @@ def search(
         finalists=found.finalists,
         incumbent=found.incumbent,
         budget_stopped=ev.stopped,
+        flop_budget=flop_budget,
+        spent_flops=ev.spent_flops,
+        flops_spent=ev.flops_spent,
         progress=found.progress,
         best_curve=tuple({"train_loss": loss} for loss in ev.curves.get(str(best_spec), ())),
     )

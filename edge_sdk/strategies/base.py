@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from common.checks import check_int, check_number, from_preset
+from common.checks import check_int, check_number, from_preset, is_number
 from common.errors import ConfigError, SpecError
 from edge_sdk.augment import Augment, Schedule, check_recipe, resolve_recipe
 from edge_sdk.halving import plateaued
@@ -39,7 +39,13 @@ PLATEAU_PATIENCE = 2
 # The presets' values of the shared fields (``fast`` = the defaults; ``paper`` = pFedZKD section 4.1.2).
 SHARED_PRESETS: dict[str, dict[str, Any]] = {
     "fast": {},
-    "paper": {"search_epochs": 10, "final_epochs": 50, "max_train_samples": None, "plateau_patience": 0},
+    "paper": {
+        "search_epochs": 10,
+        "final_epochs": 50,
+        "max_train_samples": None,
+        "plateau_patience": 0,
+        "search_budget": None,
+    },
 }
 
 # A search config's record (client reports, resume keys) keeps the shape of the one SearchConfig that
@@ -78,6 +84,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "augment": "auto",
     "schedule": "auto",
     "weight_decay": None,
+    "search_budget": None,
 }
 
 
@@ -123,6 +130,11 @@ class SearchConfig:
             run), or auto: cosine for color images, constant for grayscale.
         weight_decay: Adam's L2 penalty of the candidates' and the final training; none: from the
             input (some for color images, none for grayscale).
+        search_budget: the training FLOPs the search may spend, as a multiple of the final training's
+            planned FLOPs (the device plan's, at the warm-start design): once spent, no new candidate
+            starts and the search keeps the best it met. A device that trains longer may look longer,
+            and the search never costs the device more than a fixed share of the training it chooses
+            for. none: the search runs its whole plan.
     """
 
     strategy: ClassVar[str]
@@ -142,6 +154,7 @@ class SearchConfig:
     augment: Augment = "auto"
     schedule: Schedule = "auto"
     weight_decay: float | None = None
+    search_budget: float | None = 0.25
 
     def __post_init__(self) -> None:
         if type(self) is SearchConfig:
@@ -159,6 +172,11 @@ class SearchConfig:
         if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError(f"lr must be a positive finite number, got {self.lr!r}")
         check_recipe(self.augment, self.schedule, self.weight_decay)
+        if self.search_budget is not None and not (is_number(self.search_budget) and self.search_budget > 0):
+            raise ConfigError(
+                f"search_budget must be a positive finite number or None, got {self.search_budget!r}; fix: "
+                "the search's FLOPs as a multiple of the final training's planned FLOPs (None: no budget)"
+            )
 
     def for_input(self: _Config, input_shape: tuple[int, int, int]) -> _Config:
         """This config with ``final_epochs`` and ``plateau_patience`` given for images of

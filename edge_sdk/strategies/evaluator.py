@@ -5,7 +5,9 @@ Every candidate is screened before it is trained: the analytic cost (:meth:`Chai
 the FLOP and parameter budgets, then the estimated training memory
 (:func:`edge_sdk.profiling.profile_model`) and the final training's time. A candidate over budget is
 never trained; it gets fitness ``inf`` and the budget message. Fitness is cached by spec string, so a
-spec met again costs nothing.
+spec met again costs nothing. The search as a whole has two budgets a strategy asks about before each new
+candidate (:meth:`Evaluator.out_of_budget`): its share of the device's time and the training FLOPs it may
+spend (counted as the device plan counts them, :mod:`edge_sdk.plan`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from common.seeding import seeded
 from common.timing import Deadline
 from edge_sdk.data import ArrayDataset
 from edge_sdk.models.arch import ArchSpec, analytic_cost, build_model
+from edge_sdk.plan import pass_flops
 from edge_sdk.profiling import (
     FINAL_TRAINING_SHARE,
     ModelProfile,
@@ -100,7 +103,10 @@ class Evaluator:
     screened: dict[str, tuple[int, int, int, str | None]] = field(default_factory=dict)
     final_samples: int = 0  # images of the final training (the whole split; candidates see a subset)
     deadline: Deadline | None = None  # the search's share of the device's time budget (None: unbounded)
-    stopped: bool = False  # a strategy asked for more time than was left and stopped (out_of_time)
+    stopped: bool = False  # a strategy asked for more time than was left and stopped (out_of_budget)
+    flop_budget: int | None = None  # training FLOPs the search may spend (None: unbounded)
+    spent_flops: int = 0  # training FLOPs of the candidates trained so far (the plan's counting)
+    flops_spent: bool = False  # the FLOP budget ended the search (out_of_budget)
     curves: dict[str, list[float]] = field(default_factory=dict)  # spec -> its training's loss per epoch
 
     @property
@@ -188,6 +194,7 @@ class Evaluator:
             elif reason is None:
                 fitness, epochs = self._fitness(spec, key), self.config.search_epochs
                 self.candidate_epochs += epochs
+                self.spent_flops += pass_flops(flops, 1, epochs * len(self.train_split), len(self.val_split))
             else:
                 self.rejected += 1
             result = Evaluation(
@@ -222,12 +229,15 @@ class Evaluator:
         loss, _ = evaluate(model, self.val_split, device=self.device, precision=self.precision)
         return loss if math.isfinite(loss) else math.inf  # a diverged candidate is never the best
 
-    def out_of_time(self) -> bool:
-        """Whether the search's time is spent: a strategy asks before it starts another candidate (never
-        before its first trainable one) and, on True, returns the best it has; the answer is recorded."""
+    def out_of_budget(self) -> bool:
+        """Whether the search's time or its FLOPs are spent: a strategy asks before it starts another
+        candidate (never before its first trainable one) and, on True, returns the best it has; which
+        budget ended it is recorded (``stopped``: the time, ``flops_spent``: the FLOPs)."""
         if self.deadline is not None and self.deadline.expired():
             self.stopped = True
-        return self.stopped
+        if self.flop_budget is not None and self.spent_flops >= self.flop_budget:
+            self.flops_spent = True
+        return self.stopped or self.flops_spent
 
     def infeasible(self, what: str) -> BudgetError:
         parts = [

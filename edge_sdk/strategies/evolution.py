@@ -129,7 +129,7 @@ def run(ev: Evaluator, config: EvolutionConfig, seeds: list[np.random.SeedSequen
         reevaluate=config.reevaluate,
         admits=lambda spec: ev.screen(spec)[3] is None,
         seed=ev.seed,
-        out_of_time=ev.out_of_time,
+        out_of_budget=ev.out_of_budget,
     )
     progress = details.pop("progress")
     return Found(repeats_best=[(best, fitness)], details=details, progress=progress)
@@ -149,14 +149,14 @@ def evolve(
     reevaluate: int,
     admits: Callable[[ArchSpec], bool],
     seed: int,
-    out_of_time: Callable[[], bool] = lambda: False,
+    out_of_budget: Callable[[], bool] = lambda: False,
 ) -> tuple[ArchSpec, float, dict[str, Any]]:
     """Run Algorithm 2; returns (best spec, its real fitness, details for the search report, with
     ``progress``: [done, planned] of the initial population, the generations and the re-evaluations).
 
     ``evaluate_spec(spec) -> (fitness, rejection or None)`` is the real (cached) evaluation;
-    ``admits(spec)`` is the cheap budget screen used for every generated candidate. ``out_of_time()``
-    (the search's time budget) is asked before each real evaluation once one succeeded, and before
+    ``admits(spec)`` is the cheap budget screen used for every generated candidate. ``out_of_budget()``
+    (the search's time or FLOP budget) is asked before each real evaluation once one succeeded, and before
     each generation: on True no new work starts, and the best finalist already evaluated (else the best
     of the initial population) wins.
     """
@@ -167,7 +167,7 @@ def evolve(
     def sample() -> ArchSpec | None:
         return draw(lambda: space.sample(rng, input_shape, num_classes))
 
-    pool, sampled = _initial_population(sample, evaluate_spec, population, out_of_time)
+    pool, sampled = _initial_population(sample, evaluate_spec, population, out_of_budget)
     finite = [(s, f) for s, f in pool.values() if np.isfinite(f)]
     if not finite:
         raise BudgetError(
@@ -184,7 +184,7 @@ def evolve(
     current = sorted(scored.values(), key=lambda item: item[1])[:population]
     generations_done = 0
     for _ in range(generations):
-        if out_of_time():
+        if out_of_budget():
             break
         generations_done += 1
         children: list[ArchSpec] = []
@@ -203,7 +203,7 @@ def evolve(
 
     finalists = [s for s, _ in current[:reevaluate]]
     # real fitness: cached for initial members, which need no time
-    real = [(s, evaluate_spec(s)[0]) for s in finalists if str(s) in pool or not out_of_time()]
+    real = [(s, evaluate_spec(s)[0]) for s in finalists if str(s) in pool or not out_of_budget()]
     best, best_fitness = min(real or finite, key=lambda item: item[1])
     details |= {
         "explored": len(scored),
@@ -230,14 +230,14 @@ def _initial_population(
     sample: Callable[[], ArchSpec | None],
     evaluate_spec: Callable[[ArchSpec], tuple[float, str | None]],
     population: int,
-    out_of_time: Callable[[], bool],
+    out_of_budget: Callable[[], bool],
 ) -> tuple[dict[str, tuple[ArchSpec, float]], int]:
     """The initial population's real fitness by spec, and how many were sampled (the time budget is
     asked once one evaluation succeeded)."""
     pool: dict[str, tuple[ArchSpec, float]] = {}
     sampled = 0
     for _ in range(population):
-        if any(np.isfinite(f) for _, f in pool.values()) and out_of_time():
+        if any(np.isfinite(f) for _, f in pool.values()) and out_of_budget():
             break
         sampled += 1
         spec = sample()

@@ -144,8 +144,9 @@ def _swarm(
     warm-start particle (None: none fitted, or warm start off), its particles and the iterations it
     completed.
 
-    When the search's time is spent (:meth:`Evaluator.out_of_time`, asked before each candidate once one
-    trained) the swarm stops where it is: fewer particles, or a partial iteration, and its best so far."""
+    When the search's time or FLOPs are spent (:meth:`Evaluator.out_of_budget`, asked before each
+    candidate once one trained) the swarm stops where it is: fewer particles, or a partial iteration,
+    and its best so far."""
     cfg, shape = config, ev.input_shape
     space = ChainSpace(max_depth=cfg.max_depth)
     positions: list[ChainSpec] = []
@@ -153,7 +154,7 @@ def _swarm(
     trainable: list[bool] = []
     warm = _warm_spec(ev, cfg) if cfg.warm_start else None
     for i in range(cfg.particles):
-        if any(trainable) and ev.out_of_time():
+        if any(trainable) and ev.out_of_budget():
             break
         if i == 0 and warm is not None:
             spec, result = warm
@@ -175,7 +176,7 @@ def _swarm(
     gbest, gfit = pbest[best], pfit[best]
     for iteration in range(cfg.iterations):
         for i in range(len(positions)):
-            if ev.out_of_time():
+            if ev.out_of_budget():
                 return gbest, gfit, None if warm is None else warm[0], len(positions), iteration
             own, glob = pbest[i].layers, gbest.layers
             target: list[Layer] = []
@@ -197,11 +198,11 @@ def _swarm(
 
 
 def run(ev: Evaluator, config: PSOConfig, seeds: list[np.random.SeedSequence]) -> Found:
-    """``repeats`` swarms, one per seed (those the search's time leaves: at least one); the finalists are
+    """``repeats`` swarms, one per seed (those the search's budgets leave: at least one); the finalists are
     the best distinct specs the search met."""
     swarms = []
     for seq in seeds:
-        if swarms and ev.out_of_time():
+        if swarms and ev.out_of_budget():
             break
         swarms.append(_swarm(ev, config, np.random.default_rng(seq)))
     repeats_best = [(spec, fitness) for spec, fitness, *_ in swarms]

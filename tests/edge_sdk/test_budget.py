@@ -21,6 +21,7 @@ from edge_sdk.client import ClientConfig, resume_key, run_client
 from edge_sdk.data import ArrayDataset, load_dataset, save_client_data
 from edge_sdk.final_training import train_final
 from edge_sdk.models.arch import parse_arch
+from edge_sdk.plan import final_training_flops, pass_flops, plan_flops
 from edge_sdk.search import SearchResult, search
 from edge_sdk.shared_init import initial_weights
 from edge_sdk.strategies.baselines import FixedConfig
@@ -90,6 +91,56 @@ def test_a_deadline_never_reached_changes_nothing(splits: tuple[ArrayDataset, Ar
     assert not roomy.budget_stopped and roomy.progress["iterations"] == [1, 1]
     assert [(e.spec, e.fitness) for e in roomy.evaluations] == [(e.spec, e.fitness) for e in free.evaluations]
     assert (roomy.best_spec, roomy.finalists) == (free.best_spec, free.finalists)
+
+
+def test_the_search_stops_once_its_flops_are_spent(splits: tuple[ArrayDataset, ArrayDataset]) -> None:
+    """The FLOP budget cuts the same trajectory the unbounded search takes, at the first ask after the
+    candidates' training FLOPs (counted as the device plan counts them) reached it."""
+    train, val = splits
+    base = {"particles": 3, "iterations": 3, "max_depth": 5, "max_train_samples": 100, "finalists": 2}
+    free = _search(splits, PSOConfig(**base, search_budget=None), None)
+    assert free.flop_budget is None and not free.flops_spent
+    trained = [e for e in free.evaluations if e.epochs]
+    costs = [pass_flops(e.flops, 1, 100, len(val)) for e in trained]
+    assert free.spent_flops == sum(costs)
+    final = final_training_flops(
+        PSOConfig(**base).for_input(train.input_shape),
+        ROOMY,
+        n_train=len(train),
+        n_val=len(val),
+        input_shape=train.input_shape,
+        num_classes=train.num_classes,
+    )
+    share = sum(costs[:3]) / final  # spent once the third trained candidate is done
+    cut = _search(splits, PSOConfig(**base, search_budget=share), None)
+    assert cut.flops_spent and not cut.budget_stopped
+    assert cut.flop_budget == int(share * final) and cut.spent_flops == sum(costs[:3])
+    assert [e.spec for e in cut.evaluations if e.epochs] == [e.spec for e in trained[:3]]
+    prefix = [(e.spec, e.fitness) for e in free.evaluations[: len(cut.evaluations)]]
+    assert [(e.spec, e.fitness) for e in cut.evaluations] == prefix
+    _valid(cut)
+    # a budget below one candidate still trains the first one, as a deadline does
+    tiny = _search(splits, PSOConfig(**base, search_budget=1e-9), None)
+    assert tiny.flops_spent and [e.epochs for e in tiny.evaluations] == [1]
+    assert tiny.progress["particles"] == [1, 3] and tiny.finalists == (tiny.best_spec,)
+
+
+def test_the_plan_prices_the_search_at_its_flop_budget() -> None:
+    shape = {"n_train": 4000, "n_val": 500, "input_shape": (1, 28, 28), "num_classes": 10}
+    free = plan_flops(
+        search=PSOConfig(search_budget=None).for_input((1, 28, 28)), cvae=None, profile=ROOMY, **shape
+    )
+    config = PSOConfig(search_budget=0.1).for_input((1, 28, 28))
+    cut = plan_flops(search=config, cvae=None, profile=ROOMY, **shape)
+    candidate = free["search"] // config.planned_candidates()
+    assert cut["final_training"] == free["final_training"]
+    assert cut["search"] == int(0.1 * free["final_training"]) + candidate < free["search"]
+    roomy = plan_flops(
+        search=PSOConfig(search_budget=10.0).for_input((1, 28, 28)), cvae=None, profile=ROOMY, **shape
+    )
+    assert roomy["search"] == free["search"]
+    with pytest.raises(ConfigError, match="search_budget"):
+        PSOConfig(search_budget=0)
 
 
 def test_evolution_stops_at_the_deadline_with_its_best_so_far(

@@ -18,7 +18,7 @@ from edge_sdk.models.arch import parse_arch
 from edge_sdk.models.chain.space import CHANNELS, HIDDEN_UNITS, KERNELS, align, sample_spec
 from edge_sdk.models.chain.spec import MAX_DEPTH, MIN_DEPTH, ChainSpec, Conv, Dense, Pool
 from edge_sdk.search import STRATEGIES, build_search_config, replace_search_config, search
-from edge_sdk.strategies.base import SearchConfig
+from edge_sdk.strategies.base import RECORD_DEFAULTS, SearchConfig
 from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.pso import PSOConfig
 from profiles import DeviceProfile
@@ -46,9 +46,10 @@ def _profile(**overrides: object) -> DeviceProfile:
 
 
 def _fast(strategy: str = "pso", **overrides: object) -> SearchConfig:
-    """The fast preset of ``strategy``; PSO with a small swarm of short chains."""
+    """The fast preset of ``strategy``, its whole plan (no FLOP budget: tests/edge_sdk/test_budget.py has
+    it); PSO with a small swarm of short chains."""
     small = {"particles": 3, "iterations": 2, "max_depth": 5} if strategy == "pso" else {}
-    return build_search_config("fast", strategy=strategy, **(small | overrides))
+    return build_search_config("fast", strategy=strategy, **({"search_budget": None} | small | overrides))
 
 
 @pytest.fixture
@@ -414,9 +415,10 @@ def test_replace_switches_strategy_keeping_the_shared_options() -> None:
 
 def test_record_keeps_the_single_config_shape() -> None:
     """The default PSO config records what the one SearchConfig of before the split recorded, plus the
-    halving and plateau fields (#32: a resume redoes a client trained without them) and the training
-    recipe's (#31, likewise), with ``epochs`` named ``search_epochs`` (#33); other strategies fill the
-    foreign keys with those defaults."""
+    halving and plateau fields (#32: a resume redoes a client trained without them), the training
+    recipe's (#31, likewise) and the search's FLOP budget (#32: its default differs from the unbounded
+    search of older records, so a resume redoes those clients), with ``epochs`` named ``search_epochs``
+    (#33); other strategies fill the foreign keys with those defaults."""
     old_default = {
         "strategy": "pso",
         "particles": 6,
@@ -449,6 +451,8 @@ def test_record_keeps_the_single_config_shape() -> None:
         "weight_decay": None,
     }
     gray = (1, 28, 28)  # resolved for grayscale input, the input of every run before #31
+    assert old_default | {"search_budget": None} == RECORD_DEFAULTS  # an old record: no budget
+    old_default |= {"search_budget": 0.25}
     assert PSOConfig().for_input(gray).to_dict() == old_default
     assert list(PSOConfig().for_input(gray).to_dict()) == list(old_default)
     fixed = FixedConfig(fixed_arch="C8k3-P-F10", final_epochs=1).for_input(gray).to_dict()
