@@ -232,8 +232,8 @@ def _initial_population(
     population: int,
     out_of_budget: Callable[[], bool],
 ) -> tuple[dict[str, tuple[ArchSpec, float]], int]:
-    """The initial population's real fitness by spec, and how many were sampled (the time budget is
-    asked once one evaluation succeeded)."""
+    """The initial population's real fitness by spec, and how many were sampled (the budgets are asked
+    once one evaluation succeeded)."""
     pool: dict[str, tuple[ArchSpec, float]] = {}
     sampled = 0
     for _ in range(population):

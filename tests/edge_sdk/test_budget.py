@@ -139,6 +139,7 @@ def test_the_plan_prices_the_search_at_its_flop_budget() -> None:
         search=PSOConfig(search_budget=10.0).for_input((1, 28, 28)), cvae=None, profile=ROOMY, **shape
     )
     assert roomy["search"] == free["search"]
+    assert PSOConfig.preset("paper").search_budget is None  # the paper's Algorithm 2 runs its whole plan
     with pytest.raises(ConfigError, match="search_budget"):
         PSOConfig(search_budget=0)
 
