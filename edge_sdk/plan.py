@@ -70,23 +70,12 @@ def final_training_flops(
     return pass_flops(flops, epochs, n_train, int(validated))
 
 
-def search_flop_budget(
-    config: SearchConfig,
-    profile: DeviceProfile,
-    *,
-    n_train: int,
-    n_val: int,
-    input_shape: tuple[int, int, int],
-    num_classes: int,
-) -> int | None:
-    """The training FLOPs the search may spend: ``config.search_budget`` times the final training's
-    planned FLOPs (:func:`final_training_flops`); None: no FLOP budget."""
+def search_flop_budget(config: SearchConfig, final_flops: int) -> int | None:
+    """The training FLOPs the search may spend: ``config.search_budget`` times ``final_flops``, the final
+    training's planned FLOPs (:func:`final_training_flops`); None: no FLOP budget."""
     if config.search_budget is None:
         return None
-    final = final_training_flops(
-        config, profile, n_train=n_train, n_val=n_val, input_shape=input_shape, num_classes=num_classes
-    )
-    return int(config.search_budget * final)
+    return int(config.search_budget * final_flops)
 
 
 def _cvae_flops(
@@ -118,13 +107,13 @@ def plan_flops(
         subset = min(n_train, search.max_train_samples or n_train)
         shape = {"n_train": n_train, "n_val": n_val, "input_shape": input_shape, "num_classes": num_classes}
         plan["reference_flops_per_image"] = flops
+        plan["final_training"] = final_training_flops(search, profile, searched=searched, **shape)
         if searched:
             candidate = pass_flops(flops, 1, search.search_epochs * subset, n_val)
             plan["search"] = candidate * search.planned_candidates()
-            budget = search_flop_budget(search, profile, **shape)
+            budget = search_flop_budget(search, plan["final_training"])
             if budget is not None:  # the search stops once it spent its budget (one candidate past)
                 plan["search"] = min(plan["search"], budget + candidate)
-        plan["final_training"] = final_training_flops(search, profile, searched=searched, **shape)
     if cvae is not None:
         flops = _cvae_flops(cvae, profile, input_shape, num_classes)
         plan["cvae"] = pass_flops(flops, cvae.epochs, n_train, 0) + flops * n_val

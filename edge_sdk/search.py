@@ -31,7 +31,7 @@ from common.configs import config_from_dict, refuse_renamed
 from common.errors import ConfigError, DataError
 from common.timing import Deadline
 from edge_sdk.data import ArrayDataset
-from edge_sdk.plan import search_flop_budget
+from edge_sdk.plan import final_training_flops, search_flop_budget
 from edge_sdk.precision import resolve_precision
 from edge_sdk.strategies import baselines, evolution, pso
 from edge_sdk.strategies.base import RECORD_DEFAULTS, SearchConfig
@@ -246,7 +246,7 @@ def search(
         picked = np.random.default_rng(subset_seq).choice(len(train), config.max_train_samples, replace=False)
         train = train.subset(np.sort(picked))
     planned = config.planned_candidates()
-    flop_budget = search_flop_budget(
+    final = final_training_flops(
         config,
         profile,
         n_train=full,
@@ -254,6 +254,7 @@ def search(
         input_shape=train.input_shape,
         num_classes=train.num_classes,
     )
+    flop_budget = search_flop_budget(config, final)
     with tqdm(total=planned, desc=f"search ({config.strategy})", unit="cand", disable=not progress) as bar:
         ev = Evaluator(
             train,
