@@ -89,6 +89,7 @@ def fit_terms(
     stop: Callable[[], bool] | None = None,
     logged: tuple[str, ...] = (),
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    after_step: Callable[[], None] | None = None,
 ) -> list[dict[str, float]]:
     """The loop. Train for ``epochs`` of :func:`minibatches`; returns, per epoch, the mean of each named
     term over the samples of the epoch.
@@ -104,6 +105,8 @@ def fit_terms(
     last: True ends the training there, so the epoch during which a budget runs out is the last one and
     at least one epoch always runs. ``scheduler`` (over ``optimizer``) steps after every optimizer step:
     a schedule counts batches, so it decays as smoothly over a short run as over a long one.
+    ``after_step()`` runs after every optimizer step (and the scheduler's): what follows the weights
+    step by step, such as a moving average of them.
     """
     history: list[dict[str, float]] = []
     bar = tqdm(range(epochs), desc=desc, unit="epoch", disable=not progress, leave=False)
@@ -124,6 +127,8 @@ def fit_terms(
             step(optimizer, sum(trained))  # type: ignore[arg-type]
             if scheduler is not None:
                 scheduler.step()
+            if after_step is not None:
+                after_step()
             for name, value in terms.items():
                 weighted = value.detach() * len(idx)
                 totals[name] = totals[name] + weighted if name in totals else weighted
@@ -152,6 +157,7 @@ def fit(
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    after_step: Callable[[], None] | None = None,
 ) -> list[float]:
     """:func:`fit_terms` with one term, ``loss_fn(idx)``: the mean loss of each epoch over its samples."""
     history = fit_terms(
@@ -167,5 +173,6 @@ def fit(
         progress=progress,
         stop=stop,
         scheduler=scheduler,
+        after_step=after_step,
     )
     return [epoch["loss"] for epoch in history]

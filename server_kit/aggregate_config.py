@@ -44,7 +44,8 @@ _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
     # same MNIST uploads no better a student, for twice the time (benchmarks/RESULTS.md, "Speed")
     "fast": dict(epochs=None, batch_size=64, lr=1e-3, tau=4.0),
     # The paper fixes tau = 4 and (client side) Adam 1e-3, batch 64; E_distill is not given: 50 epochs.
-    "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0),
+    # No weight average: the paper keeps the student's last weights.
+    "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0, average=0.0),
 }
 
 
@@ -341,10 +342,11 @@ class AggregateConfig:
         """This config with its ``auto`` settings decided by the teachers' input shape, never by a dataset
         name (:func:`edge_sdk.augment.is_color`): color images get the residual student, the inversion's
         jitter and flip priors, the mirror of every synthetic image as a view of its own, 30 distillation
-        epochs, and no decoder samples unless ``synth`` or FedMHO's fusion asks for them (the small MLP
-        decoders draw color blobs the teachers mostly reject); the rest (a mirrored digit is no digit) keep
-        the small CNN, no priors, no views, 10 epochs and the decoders, bit for bit the runs before these
-        settings existed. What runs and what the report records is the resolved config."""
+        epochs, the student's last weights, and no decoder samples unless ``synth`` or FedMHO's fusion
+        asks for them (the small MLP decoders draw color blobs the teachers mostly reject); the rest (a
+        mirrored digit is no digit) keep the small CNN, no priors, no views, 10 epochs and the decoders,
+        and the moving average of the student's weights. What runs and what the report records is the
+        resolved config."""
         color = is_color(input_shape)
         student = self.student
         if student == "auto":

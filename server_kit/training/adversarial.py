@@ -106,7 +106,8 @@ def adversarial_distill(
             student,
             torch.cat(xs),
             torch.cat(ts),
-            config=replace(distill_config, epochs=config.student_epochs),
+            # a round's pass is short: its own last weights carry on to the next round, not an average
+            config=replace(distill_config, epochs=config.student_epochs, average=0.0),
             seed=derive_seed(seed, r, 2),
             device=device,
             precision=precision,

@@ -24,13 +24,25 @@ from edge_sdk.augment import is_color
 from edge_sdk.precision import autocast, resolve_precision
 from edge_sdk.train import cosine_scheduler, kd_loss
 
-__all__ = ["COLOR_EPOCHS", "PLAIN_EPOCHS", "DistillConfig", "distill", "random_shift"]
+__all__ = [
+    "COLOR_AVERAGE",
+    "COLOR_EPOCHS",
+    "PLAIN_AVERAGE",
+    "PLAIN_EPOCHS",
+    "DistillConfig",
+    "distill",
+    "random_shift",
+]
 
 # Distillation epochs left undecided: one-channel images, where twice as many gave the same MNIST uploads no
 # better a student; color ones, where the residual student on the harder set kept improving
 # (benchmarks/RESULTS.md, "Speed" and "Color images, server side")
 PLAIN_EPOCHS = 10
 COLOR_EPOCHS = 30
+# The weight average's share of the steps left undecided: on for one-channel images, where it lifted every
+# MNIST student measured; off for color ones, where it did not (benchmarks/RESULTS.md, "weight average")
+PLAIN_AVERAGE = 0.1
+COLOR_AVERAGE = 0.0
 DistillSchedule = Literal["constant", "cosine"]
 DISTILL_SCHEDULES: tuple[str, ...] = get_args(DistillSchedule)
 
@@ -55,6 +67,12 @@ class DistillConfig:
     flip: bool = False
     # the learning rate over the distillation: constant, or cosine (decaying to 0 by the last step)
     schedule: DistillSchedule = "constant"
+    # the student kept is the moving average of its weights (and BatchNorm statistics) over about this
+    # share of the last steps, not the last step's weights: on a small synthetic set at a constant rate the
+    # last weights are one noisy point of a wandering trajectory, and their average generalizes better to
+    # real images; 0 keeps the last weights; none: on for one-channel images, off for color ones, where
+    # it has not helped
+    average: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -77,16 +95,24 @@ class DistillConfig:
             raise ConfigError(f"flip must be true or false, got {self.flip!r}")
         if self.schedule not in DISTILL_SCHEDULES:
             raise ConfigError(f"schedule must be one of {DISTILL_SCHEDULES}, got {self.schedule!r}")
+        if self.average is not None and not (is_number(self.average) and 0 <= self.average <= 1):
+            raise ConfigError(
+                f"average must be a share of the steps in [0, 1], got {self.average!r}; fix: 0 keeps the "
+                "last weights"
+            )
 
     def for_images(self, input_shape: tuple[int, ...]) -> DistillConfig:
-        """``epochs`` decided where None, by the images (:func:`edge_sdk.augment.is_color`)."""
-        if self.epochs is not None:
-            return self
-        return replace(self, epochs=COLOR_EPOCHS if is_color(input_shape) else PLAIN_EPOCHS)
+        """``epochs`` and ``average`` decided where None, by the images
+        (:func:`edge_sdk.augment.is_color`)."""
+        color = is_color(input_shape)
+        epochs = self.epochs if self.epochs is not None else COLOR_EPOCHS if color else PLAIN_EPOCHS
+        average = self.average if self.average is not None else COLOR_AVERAGE if color else PLAIN_AVERAGE
+        return replace(self, epochs=epochs, average=average)
 
     def to_dict(self) -> dict[str, object]:
         """The fields; ``flip`` only when on and ``schedule`` only when not constant, so reports made
-        before they existed match on resume."""
+        before they existed match on resume. ``average`` always: a report made before it kept the last
+        weights, and a resume redoes it rather than assume so."""
         out = asdict(self)
         if not out["flip"]:
             del out["flip"]
@@ -104,6 +130,30 @@ def _scheduler(
     assert config.epochs is not None
     steps = batches_per_epoch(n, config.batch_size, lone_last="drop") * config.epochs
     return cosine_scheduler(optimizer, done=0, total=steps)
+
+
+class _WeightAverage:
+    """An exponential moving average of a module's floating-point state (weights and BatchNorm
+    statistics), over about ``horizon`` optimizer steps; :meth:`update` after every step. It starts at the
+    initial weights, whose share has decayed to about exp(-steps / horizon) by the end."""
+
+    def __init__(self, module: nn.Module, horizon: float) -> None:
+        # state_dict's tensors share storage with the module's: the optimizer and BatchNorm update them in
+        # place, so these references follow the training
+        self.live = [v for v in module.state_dict().values() if v.is_floating_point()]
+        self.mean = [v.detach().clone() for v in self.live]
+        self.weight = 1.0 / max(1.0, horizon)
+        self.module = module
+
+    @torch.no_grad()
+    def update(self) -> None:
+        torch._foreach_lerp_(self.mean, self.live, self.weight)
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """Copy the average into the module (its integer buffers keep their last values)."""
+        for live, mean in zip(self.live, self.mean, strict=True):
+            live.copy_(mean)
 
 
 def random_shift(x: Tensor, fraction: float, generator: torch.Generator) -> Tensor:
@@ -141,6 +191,7 @@ def distill(
     same seed gives the same student and the caller's global RNG state is untouched. The student is
     left in eval mode, its convolution weights channels-last (oneDNN's fast layout on CPU; same values).
     Forward passes run at ``precision`` (:mod:`edge_sdk.precision`); the loss and Adam in float32.
+    With ``config.average`` the student ends with the moving average of its weights (see the field).
     """
     n = x.shape[0]
     if n < 2:
@@ -153,7 +204,7 @@ def distill(
         raise ConfigError(
             "soft distillation needs float N x L targets (use hard_labels=True for class indices)"
         )
-    config = config.for_images(tuple(x.shape[1:]))  # undecided epochs: by the images' channels
+    config = config.for_images(tuple(x.shape[1:]))  # undecided epochs and average: by the images' channels
     assert config.epochs is not None
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
@@ -175,6 +226,9 @@ def distill(
             return F.cross_entropy(logits, y_dev[idx])
         return kd_loss(logits, y_dev[idx], config.tau)
 
+    assert config.average is not None
+    steps = batches_per_epoch(n, config.batch_size, lone_last="drop") * config.epochs
+    average = _WeightAverage(student, config.average * steps) if config.average > 0 else None
     with seeded(seed, dev):  # the Dropout stream
         history = fit(
             batch_loss,
@@ -188,6 +242,9 @@ def distill(
             scheduler=_scheduler(optimizer, config, n),
             desc="distill",
             progress=progress,
+            after_step=None if average is None else average.update,
         )
+    if average is not None:
+        average.apply()
     student.eval()
     return history

@@ -12,9 +12,17 @@ from torch import nn
 from common.errors import ConfigError
 from edge_sdk.models.arch import build_model
 from server_kit.labelling.labels import consensus
-from server_kit.training.distill import DistillConfig, distill
+from server_kit.training.distill import (
+    COLOR_AVERAGE,
+    COLOR_EPOCHS,
+    PLAIN_AVERAGE,
+    PLAIN_EPOCHS,
+    DistillConfig,
+    distill,
+)
 
 SHAPE = (1, 8, 8)
+SHAPE3 = (3, 8, 8)
 L = 3
 
 
@@ -109,6 +117,50 @@ def test_cosine_schedule_ends_at_a_zero_rate_and_constant_is_the_default():
     assert rates == [1e-3] * 9 and DistillConfig(epochs=1).to_dict().get("schedule") is None
 
 
+def test_the_student_ends_at_the_moving_average_of_its_weights():
+    x = images(40, seed=4)
+    targets = consensus(teachers(), x, tau=4.0)
+    seen: list[dict[str, torch.Tensor]] = []  # the floating state after every step (BatchNorm's too)
+    original = torch.optim.Adam.step
+
+    def step(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = original(self, *args, **kwargs)
+        seen.append({k: v.clone() for k, v in student.state_dict().items() if v.is_floating_point()})
+        return out
+
+    student = model("C8k3-R8k3-P-F3", seed=5)
+    start = {k: v.clone() for k, v in student.state_dict().items() if v.is_floating_point()}
+    assert any("running_mean" in k for k in start)  # the average covers BatchNorm's statistics
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.optim.Adam, "step", step)
+        distill(student, x, targets, config=DistillConfig(epochs=4, batch_size=16, average=0.5), seed=0)
+    assert len(seen) == 12  # 3 steps an epoch: an average over about 6 of them
+    mean = start
+    for state in seen:
+        mean = {k: m + (state[k] - m) / 6 for k, m in mean.items()}
+    final = student.state_dict()
+    assert all(torch.allclose(final[k], mean[k], atol=1e-6) for k in mean)
+    assert any(not torch.allclose(final[k], seen[-1][k]) for k in mean)  # not the last weights
+    seen.clear()
+    last = model("C8k3-R8k3-P-F3", seed=5)
+    student = last
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.optim.Adam, "step", step)
+        distill(last, x, targets, config=DistillConfig(epochs=4, batch_size=16, average=0.0), seed=0)
+    assert all(torch.equal(last.state_dict()[k], v) for k, v in seen[-1].items())
+    # recorded even at 0: a report made before the field does not match it
+    assert DistillConfig(epochs=1, average=0.0).to_dict()["average"] == 0.0
+
+
+def test_the_images_decide_what_is_left_undecided():
+    gray = DistillConfig(epochs=None).for_images((1, 8, 8))
+    color = DistillConfig(epochs=None).for_images(SHAPE3)
+    assert (gray.epochs, gray.average) == (PLAIN_EPOCHS, PLAIN_AVERAGE) and PLAIN_AVERAGE > 0
+    assert (color.epochs, color.average) == (COLOR_EPOCHS, COLOR_AVERAGE)
+    given = DistillConfig(epochs=2, average=0.3)
+    assert given.for_images((1, 8, 8)) == given == given.for_images(SHAPE3)
+
+
 def test_distill_validation():
     x = images(8)
     student = model("C4k3-P-F3", 0)
@@ -130,6 +182,9 @@ def test_distill_validation():
         ({"tau": 0}, "tau"),
         ({"flip": "yes"}, "flip"),
         ({"schedule": "auto"}, "schedule"),
+        ({"average": 1.5}, "average"),
+        ({"average": -0.1}, "average"),
+        ({"average": "on"}, "average"),
     ],
 )
 def test_distill_config_validation(overrides, match):

@@ -151,7 +151,8 @@ def test_a_missing_gpu_is_refused_before_the_partition(tmp_path, monkeypatch):
         (
             'dataset = "digits"\n[aggregate.distill]\nepoch = 3\n',
             ["--out", "o"],
-            r"unknown keys \['epoch'\] in config\.aggregate\.distill; valid keys are \['batch_size', ",
+            r"unknown keys \['epoch'\] in config\.aggregate\.distill; "
+            r"valid keys are \['average', 'batch_size', ",
         ),
         ('dataset = "digits"\n', [], "without out_dir; fix: add it to the file, or give --out"),
         (
