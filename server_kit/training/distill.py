@@ -40,7 +40,8 @@ __all__ = [
 PLAIN_EPOCHS = 10
 COLOR_EPOCHS = 30
 # The weight average's share of the steps left undecided: on for one-channel images, where it lifted every
-# MNIST student measured; off for color ones, where it did not (benchmarks/RESULTS.md, "weight average")
+# MNIST student measured; off for color ones, where it did not (benchmarks/RESULTS.md, "The student's
+# weight average")
 PLAIN_AVERAGE = 0.1
 COLOR_AVERAGE = 0.0
 DistillSchedule = Literal["constant", "cosine"]
@@ -143,7 +144,6 @@ class _WeightAverage:
         self.live = [v for v in module.state_dict().values() if v.is_floating_point()]
         self.mean = [v.detach().clone() for v in self.live]
         self.weight = 1.0 / max(1.0, horizon)
-        self.module = module
 
     @torch.no_grad()
     def update(self) -> None:
