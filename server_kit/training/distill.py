@@ -123,13 +123,11 @@ class DistillConfig:
 
 
 def _scheduler(
-    optimizer: torch.optim.Optimizer, config: DistillConfig, n: int
+    optimizer: torch.optim.Optimizer, config: DistillConfig, steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """The resolved config's per-step schedule over the distillation (None: a constant rate)."""
+    """The resolved config's per-step schedule over the distillation's ``steps`` (None: a constant rate)."""
     if config.schedule == "constant":
         return None
-    assert config.epochs is not None
-    steps = batches_per_epoch(n, config.batch_size, lone_last="drop") * config.epochs
     return cosine_scheduler(optimizer, done=0, total=steps)
 
 
@@ -205,7 +203,9 @@ def distill(
             "soft distillation needs float N x L targets (use hard_labels=True for class indices)"
         )
     config = config.for_images(tuple(x.shape[1:]))  # undecided epochs and average: by the images' channels
-    assert config.epochs is not None
+    assert config.epochs is not None and config.average is not None
+    # the optimizer steps of the whole run, which the schedule and the average are sized by
+    steps = batches_per_epoch(n, config.batch_size, lone_last="drop") * config.epochs
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     student.to(dev, memory_format=torch.channels_last).train()
@@ -226,8 +226,6 @@ def distill(
             return F.cross_entropy(logits, y_dev[idx])
         return kd_loss(logits, y_dev[idx], config.tau)
 
-    assert config.average is not None
-    steps = batches_per_epoch(n, config.batch_size, lone_last="drop") * config.epochs
     average = _WeightAverage(student, config.average * steps) if config.average > 0 else None
     with seeded(seed, dev):  # the Dropout stream
         history = fit(
@@ -239,7 +237,7 @@ def distill(
             generator=gen,
             device=dev,
             lone_last="drop",  # BatchNorm cannot train on a batch of one
-            scheduler=_scheduler(optimizer, config, n),
+            scheduler=_scheduler(optimizer, config, steps),
             desc="distill",
             progress=progress,
             after_step=None if average is None else average.update,
