@@ -78,6 +78,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "finalists": 3,
     "finalist_share": 0.25,
     "finalist_keep": 0.5,
+    "finalists_beat_warm": True,
     "plateau_patience": 2,
     "plateau_min_epochs": 4,
     "plateau_min_delta": 0.01,

@@ -59,6 +59,10 @@ class PSOConfig(SearchConfig):
         finalist_keep: the share of the finalists that goes on after each rung of the halving: 0.5
             with three finalists trains all three one epoch, the best two a second, and the best of
             those on; 0 decides among all of them at once.
+        finalists_beat_warm: a finalist other than the warm start must have beaten it by fitness in
+            the search. The search's short training is the halving's first look: a spec it measured
+            behind the hand-made design has already lost to it there, and the halving keeps the warm
+            start on a tie. When the warm start is the search's best, it trains alone: no halving.
     """
 
     strategy: ClassVar[str] = "pso"
@@ -83,14 +87,16 @@ class PSOConfig(SearchConfig):
     finalists: int = 3
     finalist_share: float = 0.25
     finalist_keep: float = 0.5
+    finalists_beat_warm: bool = True
 
     def __post_init__(self) -> None:
         for name, low in (("particles", 1), ("iterations", 0), ("repeats", 1), ("finalists", 1)):
             check_int(name, getattr(self, name), low)
         super().__post_init__()
         check_max_depth(self.max_depth)
-        if not isinstance(self.warm_start, bool):
-            raise ConfigError(f"warm_start must be a bool, got {self.warm_start!r}")
+        for name in ("warm_start", "finalists_beat_warm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not (is_number(self.finalist_share) and 0.0 < self.finalist_share <= 1.0):  # type: ignore[operator]
             raise ConfigError(f"finalist_share must be a number in (0, 1], got {self.finalist_share!r}")
         if not (is_number(self.finalist_keep) and 0.0 <= self.finalist_keep < 1.0):  # type: ignore[operator]
@@ -218,6 +224,12 @@ def run(ev: Evaluator, config: PSOConfig, seeds: list[np.random.SeedSequence]) -
         finalists += [e.spec for e in ranked if e.spec != finalists[0]][: config.finalists - 1]
         if warm is not None and warm not in finalists and math.isfinite(ev.cache[warm].fitness):
             finalists[-1] = warm  # the baseline always competes in the final ranking
+    details: dict[str, Any] = {}
+    if config.finalists_beat_warm and warm in finalists:
+        # the finalists are in fitness order, so those behind the warm start are the tail
+        bar = ev.cache[warm].fitness
+        details["behind_warm"] = [s for s in finalists if s != warm and not ev.cache[s].fitness < bar]
+        finalists = [s for s in finalists if s not in details["behind_warm"]]
     progress = {
         "swarms": [len(swarms), config.repeats],
         "particles": [sum(swarm[3] for swarm in swarms), config.repeats * config.particles],
@@ -225,5 +237,9 @@ def run(ev: Evaluator, config: PSOConfig, seeds: list[np.random.SeedSequence]) -
     }
     incumbent = warm if warm in finalists else None
     return Found(
-        repeats_best=repeats_best, finalists=tuple(finalists), incumbent=incumbent, progress=progress
+        repeats_best=repeats_best,
+        details=details,
+        finalists=tuple(finalists),
+        incumbent=incumbent,
+        progress=progress,
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import edge_sdk.strategies.evaluator as evaluator_module
 from common.errors import ConfigError
 from edge_sdk.client import ClientConfig, run_client
 from edge_sdk.curves import check_curve
@@ -23,7 +24,10 @@ def test_run_client_keeps_the_most_accurate_finalist(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     data = load_dataset("digits").subset(np.arange(600))
-    search = PSOConfig(particles=3, iterations=1, max_depth=5, max_train_samples=100, final_epochs=4)
+    search = PSOConfig(
+        particles=3, iterations=1, max_depth=5, max_train_samples=100, final_epochs=4,
+        finalists_beat_warm=False,  # the halving over all three
+    )  # fmt: skip
     config = ClientConfig(search=search, seed=3, role="classifier")
     profile = load_profile("laptop-cpu")
     with caplog.at_level(logging.INFO, logger="edge_sdk"):
@@ -97,6 +101,7 @@ def test_finalist_share_one_trains_every_finalist_fully(tmp_path: Path) -> None:
         final_epochs=2,
         finalist_share=1.0,
         finalist_keep=0.0,  # one rung: all finalists train the 2 epochs, then one is chosen
+        finalists_beat_warm=False,
     )
     result = run_client(
         data,
@@ -108,6 +113,31 @@ def test_finalist_share_one_trains_every_finalist_fully(tmp_path: Path) -> None:
     assert all(r["epochs"] == 2 and "final_val_accuracy" not in r for r in rows)
     chosen = next(r for r in rows if r["chosen"])
     assert read_bundle(result.bundle_path).metrics["val_accuracy"] == chosen["val_accuracy"]
+
+
+def test_a_warm_start_the_search_ranks_first_trains_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No halving when no finalist beat the warm start in the search: the device trains the hand-made
+    design alone, its whole final training from the client's seed."""
+    warm = "C32k5-P-C64k5-P-F10"  # CNN1, the default warm start; it fits laptop-cpu on 8x8 digits
+    monkeypatch.setattr(
+        evaluator_module.Evaluator, "_fitness", lambda self, spec, key: 0.1 if key == warm else 2.0
+    )
+    data = load_dataset("digits").subset(np.arange(400))
+    search = PSOConfig(particles=3, iterations=0, max_depth=5, max_train_samples=100, final_epochs=3)
+    result = run_client(
+        data,
+        profile=load_profile("laptop-cpu"),
+        config=ClientConfig(search=search, seed=1, role="classifier"),
+        out=tmp_path / "c.bundle",
+    )
+    report = json.loads(result.report_path.read_text())
+    assert report["search"]["finalists"] == [warm] and len(report["search"]["details"]["behind_warm"]) == 2
+    [row] = report["finalists"]
+    assert row["arch"] == warm and row["chosen"] and row["rungs"] == 0 and row["epochs"] == 3
+    bundle = read_bundle(result.bundle_path)
+    assert bundle.arch == warm and bundle.metrics["final_epochs"] == 3 and bundle.metrics["finalists"] == 1
 
 
 def test_finalist_epochs_rule() -> None:

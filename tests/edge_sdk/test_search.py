@@ -261,7 +261,8 @@ def test_warm_start_particle(digits) -> None:  # type: ignore[no-untyped-def]
 def test_finalists(digits) -> None:  # type: ignore[no-untyped-def]
     """PSO hands the client its best distinct specs by fitness, the winner first; one in the paper preset."""
     train, val = digits
-    result = search(train, val, profile=_profile(), config=_fast(max_train_samples=100), seed=0)
+    config = _fast(max_train_samples=100, finalists_beat_warm=False)
+    result = search(train, val, profile=_profile(), config=config, seed=0)
     assert len(result.finalists) == 3 == len(set(result.finalists))
     assert result.finalists[0] == result.best_spec
     best = {e.spec: e.fitness for e in result.evaluations if not e.cached}
@@ -289,6 +290,35 @@ def test_finalists(digits) -> None:  # type: ignore[no-untyped-def]
     assert PSOConfig.preset("paper").finalists == 1
     with pytest.raises(ConfigError, match="finalists"):
         PSOConfig(finalists=0)
+
+
+def test_finalists_must_beat_the_warm_start(digits) -> None:  # type: ignore[no-untyped-def]
+    """A finalist other than the warm start has beaten it by fitness in the search; the others are
+    dropped (the report's ``behind_warm``), and a warm start the search ranks first trains alone."""
+    train, val = digits
+    on = search(train, val, profile=_profile(), config=_fast(max_train_samples=100), seed=0)
+    off = search(
+        train, val, profile=_profile(), config=_fast(max_train_samples=100, finalists_beat_warm=False), seed=0
+    )
+    fitness = {e.spec: e.fitness for e in on.evaluations if not e.cached}
+    warm, dropped = on.incumbent, on.details["behind_warm"]
+    assert warm is not None and warm in on.finalists and warm == off.incumbent
+    assert dropped and all(fitness[s] >= fitness[warm] for s in dropped)  # digits: the search's best lost
+    assert all(fitness[s] < fitness[warm] for s in on.finalists if s != warm)
+    assert sorted(on.finalists + tuple(dropped)) == sorted(off.finalists)  # the same search, fewer finalists
+    assert on.to_dict()["details"]["behind_warm"] == dropped and "behind_warm" not in off.details
+    with pytest.MonkeyPatch.context() as mp:  # the warm start is the search's best: it alone goes on
+        mp.setattr(
+            evaluator_module.Evaluator,
+            "_fitness",
+            lambda self, spec, key: 0.5 if key == "C8k3-P-F10" else 1.0 + len(key) / 100,
+        )
+        config = _fast(fixed_arch="C8k3-P-F3", max_train_samples=100)
+        alone = search(train, val, profile=_profile(), config=config, seed=0)
+    assert alone.finalists == ("C8k3-P-F10",) == (alone.best_spec,) and alone.incumbent == "C8k3-P-F10"
+    assert len(alone.details["behind_warm"]) == 2
+    with pytest.raises(ConfigError, match="finalists_beat_warm must be a bool"):
+        PSOConfig(finalists_beat_warm=1)  # type: ignore[arg-type]
 
 
 def test_repeats_keep_the_best(digits) -> None:  # type: ignore[no-untyped-def]
@@ -451,14 +481,16 @@ def test_record_keeps_the_single_config_shape() -> None:
         "weight_decay": None,
     }
     gray = (1, 28, 28)  # resolved for grayscale input, the input of every run before #31
-    assert old_default | {"search_budget": None} == RECORD_DEFAULTS  # an old record: no budget
-    old_default |= {"search_budget": 0.25}
-    assert PSOConfig().for_input(gray).to_dict() == old_default
-    assert list(PSOConfig().for_input(gray).to_dict()) == list(old_default)
+    # the fields added since: an old record had no budget; PSO's finalists must beat the warm start
+    added = {"search_budget": None, "finalists_beat_warm": True}
+    assert old_default | added == RECORD_DEFAULTS
+    current = {key: (old_default | added | {"search_budget": 0.25})[key] for key in RECORD_DEFAULTS}
+    assert PSOConfig().for_input(gray).to_dict() == current
+    assert list(PSOConfig().for_input(gray).to_dict()) == list(current)
     fixed = FixedConfig(fixed_arch="C8k3-P-F10", final_epochs=1).for_input(gray).to_dict()
-    assert fixed == old_default | {"strategy": "fixed", "fixed_arch": "C8k3-P-F10", "final_epochs": 1}
-    for strategy in STRATEGIES.values():  # every field's default is the old default
-        assert strategy.config.preset("fast").for_input(gray).to_dict() == old_default | {
+    assert fixed == current | {"strategy": "fixed", "fixed_arch": "C8k3-P-F10", "final_epochs": 1}
+    for strategy in STRATEGIES.values():  # every field's default is the current default
+        assert strategy.config.preset("fast").for_input(gray).to_dict() == current | {
             "strategy": strategy.config.strategy
         }
 
