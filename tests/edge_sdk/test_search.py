@@ -258,6 +258,17 @@ def test_warm_start_particle(digits) -> None:  # type: ignore[no-untyped-def]
     assert not PSOConfig.preset("paper").warm_start
 
 
+def _warm_start_at(mp: pytest.MonkeyPatch, fitness: float) -> SearchConfig:
+    """A config warm-started at ``C8k3-P-F10``, with the search's fitness made up: ``fitness`` for the
+    warm start, 1 + a hundredth per character of the spec for the others."""
+    mp.setattr(
+        evaluator_module.Evaluator,
+        "_fitness",
+        lambda self, spec, key: fitness if key == "C8k3-P-F10" else 1.0 + len(key) / 100,
+    )
+    return _fast(fixed_arch="C8k3-P-F3", max_train_samples=100)
+
+
 def test_finalists(digits) -> None:  # type: ignore[no-untyped-def]
     """PSO hands the client its best distinct specs by fitness, the winner first; one in the paper preset."""
     train, val = digits
@@ -273,12 +284,7 @@ def test_finalists(digits) -> None:  # type: ignore[no-untyped-def]
     assert one.finalists == (one.best_spec,) and one.best_spec == result.best_spec
     # a warm-start spec whose short-training fitness ranks it last still competes in the final ranking
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(
-            evaluator_module.Evaluator,
-            "_fitness",
-            lambda self, spec, key: 9.0 if key == "C8k3-P-F10" else 1.0 + len(key) / 100,
-        )
-        config = _fast(fixed_arch="C8k3-P-F3", max_train_samples=100)
+        config = _warm_start_at(mp, 9.0)
         warm = search(train, val, profile=_profile(), config=config, seed=0)
         cold = search(
             train, val, profile=_profile(), config=dataclasses.replace(config, warm_start=False), seed=0
@@ -303,17 +309,12 @@ def test_finalists_must_beat_the_warm_start(digits) -> None:  # type: ignore[no-
     fitness = {e.spec: e.fitness for e in on.evaluations if not e.cached}
     warm, dropped = on.incumbent, on.details["behind_warm"]
     assert warm is not None and warm in on.finalists and warm == off.incumbent
-    assert dropped and all(fitness[s] >= fitness[warm] for s in dropped)  # digits: the search's best lost
+    assert dropped and all(fitness[s] >= fitness[warm] for s in dropped)  # digits, seed 0: one dropped
     assert all(fitness[s] < fitness[warm] for s in on.finalists if s != warm)
     assert sorted(on.finalists + tuple(dropped)) == sorted(off.finalists)  # the same search, fewer finalists
     assert on.to_dict()["details"]["behind_warm"] == dropped and "behind_warm" not in off.details
     with pytest.MonkeyPatch.context() as mp:  # the warm start is the search's best: it alone goes on
-        mp.setattr(
-            evaluator_module.Evaluator,
-            "_fitness",
-            lambda self, spec, key: 0.5 if key == "C8k3-P-F10" else 1.0 + len(key) / 100,
-        )
-        config = _fast(fixed_arch="C8k3-P-F3", max_train_samples=100)
+        config = _warm_start_at(mp, 0.5)
         alone = search(train, val, profile=_profile(), config=config, seed=0)
     assert alone.finalists == ("C8k3-P-F10",) == (alone.best_spec,) and alone.incumbent == "C8k3-P-F10"
     assert len(alone.details["behind_warm"]) == 2
