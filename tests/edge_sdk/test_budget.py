@@ -179,7 +179,10 @@ def test_the_final_training_stops_after_the_epoch_the_deadline_passed_in(
 
 def test_run_client_records_where_the_budget_cut(tmp_path: Path) -> None:
     data = load_dataset("digits").subset(np.arange(500))
-    search_config = PSOConfig(particles=3, iterations=2, max_depth=5, max_train_samples=100, final_epochs=4)
+    search_config = PSOConfig(
+        particles=3, iterations=2, max_depth=5, max_train_samples=100, final_epochs=4,
+        finalists_beat_warm=False,  # three finalists, for the budget to skip two
+    )  # fmt: skip
     config = ClientConfig(search=search_config, seed=0, role="classifier", time_budget_s=6.0)
     profile = load_profile("laptop-cpu")
     result = run_client(data, profile=profile, config=config, out=tmp_path / "c.bundle", clock=Ticking())
