@@ -95,8 +95,8 @@ FINALIST_FIELDS = ("val_accuracy", "val_loss", "train_seconds", "flops", "params
 # 2: the time budget stops the search and final training; 3: successive halving in rungs, plateau stop;
 # 4: the color training recipe (augmentation, weight decay, cosine schedule) and the chain's residual block;
 # 5: the finalists' rule keeps the search's warm start on a tie; 6: a finalist must have beaten the warm
-# start in the search
-CODE_VERSION = f"{__version__}+client.6"
+# start in the search; 7: validation at common.torch_utils.INFER_BATCH (its losses sum in another order)
+CODE_VERSION = f"{__version__}+client.7"
 
 
 @dataclass(frozen=True, kw_only=True)

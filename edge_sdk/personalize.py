@@ -52,7 +52,7 @@ from common.errors import BundleError, ConfigError, DataError
 from common.loop import fit_terms, step
 from common.seeding import seeded
 from common.timing import timed
-from common.torch_utils import frozen
+from common.torch_utils import INFER_BATCH, frozen
 from edge_sdk.curves import curve_records
 from edge_sdk.cvae import build_cvae
 from edge_sdk.data import ArrayDataset, deploy_metadata_for, split_train_val
@@ -438,7 +438,7 @@ def _fit(
     return stats
 
 
-def _onnx_accuracy(model_bytes: bytes, data: ArrayDataset, batch_size: int = 512) -> float:
+def _onnx_accuracy(model_bytes: bytes, data: ArrayDataset, batch_size: int = INFER_BATCH) -> float:
     if len(data.y) == 0:
         return 0.0
     threads = max(1, torch.get_num_threads())

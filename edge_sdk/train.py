@@ -26,6 +26,7 @@ from common.checks import check_ints
 from common.errors import ConfigError, DataError
 from common.loop import batches_per_epoch, fit
 from common.seeding import derive_seed, seeded
+from common.torch_utils import INFER_BATCH
 from edge_sdk.augment import Augment, Recipe, Schedule, check_recipe, cosine_factor, crop_flip, resolve_recipe
 from edge_sdk.data import ArrayDataset
 from edge_sdk.outliers import make_outliers
@@ -48,9 +49,6 @@ __all__ = [
 OUTLIER_FRACTION = 0.5
 OUTLIER_STREAM = 2
 AUGMENT_STREAM = 4  # derive_seed stream of the crops and flips
-# images per evaluation batch: a 96-channel 28x28 layer holds 77 MB of activations at 256 images and
-# 308 MB at 1024, and an evaluation's peak becomes the process's size (see release_memory)
-EVAL_BATCH = 256
 _MALLOC_TRIM: Any = None  # libc's malloc_trim, False where there is none, None until first looked up
 
 
@@ -248,7 +246,7 @@ def evaluate(
     model: nn.Module,
     data: ArrayDataset,
     *,
-    batch_size: int = EVAL_BATCH,
+    batch_size: int = INFER_BATCH,
     device: str | torch.device = "cpu",
     precision: str = "fp32",
 ) -> tuple[float, float]:

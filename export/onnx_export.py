@@ -33,6 +33,7 @@ from google.protobuf.message import DecodeError
 from torch import nn
 
 from common.errors import BundleError, ExportError, ToolkitError
+from common.torch_utils import INFER_BATCH
 from export.metadata import DeployMetadata, check_metadata_props, read_deploy_metadata
 
 if TYPE_CHECKING:
@@ -421,7 +422,7 @@ def onnx_session(model_bytes: bytes, *, threads: int = 1) -> onnxruntime.Inferen
 
 
 def onnx_logits(
-    model_bytes: bytes, images: np.ndarray, *, batch_size: int = 256, threads: int = 1
+    model_bytes: bytes, images: np.ndarray, *, batch_size: int = INFER_BATCH, threads: int = 1
 ) -> np.ndarray:
     """The model's outputs on ``images`` (float32 N x C x H x W), run in batches of ``batch_size``."""
     session = onnx_session(model_bytes, threads=threads)

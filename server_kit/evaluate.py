@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from common.errors import BundleError, ConfigError, DataError, ExportError
+from common.torch_utils import INFER_BATCH
 from edge_sdk.data import ArrayDataset
 from export.onnx_export import onnx_session
 
@@ -25,7 +26,7 @@ def evaluate_onnx(
     model: bytes | str | Path,
     data: ArrayDataset,
     *,
-    batch_size: int = 256,
+    batch_size: int = INFER_BATCH,
     threads: int = 1,
     unknown_output: bool = False,
 ) -> dict[str, Any]:
@@ -71,7 +72,11 @@ def evaluate_onnx(
 
 
 def evaluate_module(
-    module: nn.Module, data: ArrayDataset, *, batch_size: int = 1024, device: str | torch.device = "cpu"
+    module: nn.Module,
+    data: ArrayDataset,
+    *,
+    batch_size: int = INFER_BATCH,
+    device: str | torch.device = "cpu",
 ) -> dict[str, Any]:
     """The same summary as :func:`evaluate_onnx` for a torch module (run in eval mode; modes restored)."""
     _check_batch_size(batch_size)

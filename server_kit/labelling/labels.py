@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from common.device import resolve_device
 from common.errors import ConfigError
+from common.torch_utils import INFER_BATCH
 from edge_sdk.precision import autocast, resolve_precision
 from server_kit.teachers import check_label_counts, class_shares, held_classes, map_teachers, own_probability
 
@@ -111,7 +112,7 @@ def teacher_probs(
     *,
     tau: float,
     held: Tensor | None = None,
-    batch_size: int = 512,
+    batch_size: int = INFER_BATCH,
     device: str | torch.device = "cpu",
     precision: str = "auto",
 ) -> Tensor:
@@ -222,7 +223,7 @@ def consensus(
     tau: float,
     class_weights: Tensor | None = None,
     held: Tensor | None = None,
-    batch_size: int = 512,
+    batch_size: int = INFER_BATCH,
     device: str | torch.device = "cpu",
     abstain: bool = True,
     precision: str = "auto",
@@ -260,7 +261,7 @@ def label_synthetic(
     config: LabelConfig,
     tau: float,
     decoder_only_counts: Sequence[Sequence[int]] | Tensor | None = None,
-    batch_size: int = 512,
+    batch_size: int = INFER_BATCH,
     device: str | torch.device = "cpu",
     precision: str = "auto",
 ) -> Labels:

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
+from common.torch_utils import INFER_BATCH
 from server_kit.labelling.labels import teacher_probs
 from server_kit.synthesis import SyntheticSet
 from server_kit.teachers import map_teachers
@@ -57,7 +58,7 @@ def verify_claims(
     synthetic: SyntheticSet,
     *,
     keep_ratio: float = 0.5,
-    batch_size: int = 512,
+    batch_size: int = INFER_BATCH,
     device: str | torch.device = "cpu",
     precision: str = "auto",
 ) -> ClaimCheck:

@@ -32,6 +32,7 @@ from common.errors import ConfigError, DataError
 from common.loop import fit_terms
 from common.seeding import seeded
 from common.timing import timed
+from common.torch_utils import INFER_BATCH
 from edge_sdk.models.arch import build_model
 from export.atomic import atomic_write_json
 from export.bundle import client_names
@@ -161,7 +162,7 @@ def _train_epochs(
 
 
 @torch.no_grad()
-def _logits(module: nn.Module, x: Tensor, batch_size: int = 512) -> Tensor:
+def _logits(module: nn.Module, x: Tensor, batch_size: int = INFER_BATCH) -> Tensor:
     module.eval()
     return torch.cat([module(x[i : i + batch_size]).float() for i in range(0, len(x), batch_size)])
 

@@ -41,7 +41,7 @@ from common.device import resolve_device
 from common.errors import BundleError, ConfigError
 from common.loop import step
 from common.seeding import derive_seed, seeded
-from common.torch_utils import frozen
+from common.torch_utils import INFER_BATCH, frozen
 from edge_sdk.precision import autocast, resolve_precision
 from export.atomic import atomic_write_bytes, atomic_write_json
 from export.onnx_export import export_decoder_onnx, read_metadata
@@ -341,7 +341,7 @@ def gradient_noise_scores(
     y: Tensor,
     class_weights: Tensor,
     *,
-    batch_size: int = 512,
+    batch_size: int = INFER_BATCH,
     device: str | torch.device = "cpu",
 ) -> Tensor:
     """FedKDG's F_g: per-sample ||d L_ce / d x_n||_2 of the label-weighted teacher loss, min-max scaled.
@@ -551,7 +551,7 @@ def sample_generator(
     n: int,
     seed: int,
     device: str | torch.device = "cpu",
-    batch_size: int = 512,
+    batch_size: int = INFER_BATCH,
 ) -> tuple[Tensor, Tensor]:
     """``n`` samples (x float32 N x C x H x W in [0, 1] on the CPU, y int64 N) from G in eval mode.
 

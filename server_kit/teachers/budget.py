@@ -43,6 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from common.checks import check_int, is_number
 from common.errors import ConfigError, TeacherError
 from common.timing import timed
+from common.torch_utils import INFER_BATCH
 from edge_sdk.precision import autocast
 from server_kit.teachers.abstain import Abstaining
 from server_kit.teachers.loading import Teacher
@@ -61,7 +62,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-VOTE_BATCH = 512  # the batch the vote and the claim checks run the teachers at (server_kit.labelling)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +97,7 @@ class Phase:
 
 
 def server_phases(
-    *, inversion: int | None, generator: int | None, distillation: int | None, vote: int = VOTE_BATCH
+    *, inversion: int | None, generator: int | None, distillation: int | None, vote: int = INFER_BATCH
 ) -> tuple[Phase, ...]:
     """The phases a run will use (None: that phase does not run), each at the batch the server runs it."""
     phases = [Phase("vote", vote, False)]

@@ -49,6 +49,7 @@ from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import fit
 from common.seeding import seeded
+from common.torch_utils import INFER_BATCH
 from server_kit.teachers import check_label_counts
 
 __all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
@@ -167,7 +168,11 @@ def fusion_loss(
 
 @torch.no_grad()
 def _logits(
-    teachers: Sequence[nn.Module], x: Tensor, *, batch_size: int = 512, device: str | torch.device = "cpu"
+    teachers: Sequence[nn.Module],
+    x: Tensor,
+    *,
+    batch_size: int = INFER_BATCH,
+    device: str | torch.device = "cpu",
 ) -> list[Tensor]:
     """Each teacher's N x L float32 logits on ``x``, on CPU (eval mode; training flags restored)."""
     modules = [getattr(t, "module", t) for t in teachers]  # a server_kit.teachers.loading.Teacher or a module
@@ -190,7 +195,11 @@ def _logits(
 
 
 def teacher_probs(
-    teachers: Sequence[nn.Module], x: Tensor, *, batch_size: int = 512, device: str | torch.device = "cpu"
+    teachers: Sequence[nn.Module],
+    x: Tensor,
+    *,
+    batch_size: int = INFER_BATCH,
+    device: str | torch.device = "cpu",
 ) -> Tensor:
     """N x L softmax of the teachers' mean logits on ``x`` (Eq. 6; one teacher gives Eq. 7), on CPU."""
     logits = _logits(teachers, x, batch_size=batch_size, device=device)
