@@ -14,7 +14,7 @@ The loop does not seed torch's global RNG (Dropout, weight init): a caller that 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from common.errors import ConfigError
 
-__all__ = ["LONE_LAST", "batches_per_epoch", "fit", "fit_terms", "minibatches", "step"]
+__all__ = ["LONE_LAST", "adam", "batches_per_epoch", "fit", "fit_terms", "minibatches", "sgd", "step"]
 
 # what becomes of a trailing batch of one sample, which BatchNorm cannot normalise on 1x1 maps: kept,
 # merged into the batch before it, or dropped (every batch of one is dropped, so batch size 1 trains nothing)
@@ -65,6 +65,26 @@ def _bounds(n: int, batch_size: int, lone_last: str) -> list[tuple[int, int]]:
     elif lone_last == "drop":
         bounds = [(start, stop) for start, stop in bounds if stop - start >= 2]
     return bounds
+
+
+def adam(
+    params: Iterable[Tensor],
+    *,
+    lr: float,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+) -> torch.optim.Adam:
+    """The toolkit's Adam: torch's, with the multi-tensor (``foreach``) update on every device.
+
+    On a CPU torch's default updates one parameter at a time, a dozen small ops each; the multi-tensor
+    update gives the same numbers in a fraction of the time, which a model of many tensors or parameters
+    pays at every step (benchmarks/RESULTS.md, "The forward passes' batch and the optimizers' update")."""
+    return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay, foreach=True)
+
+
+def sgd(params: Iterable[Tensor], *, lr: float, momentum: float = 0.0) -> torch.optim.SGD:
+    """The toolkit's SGD, with the multi-tensor update for the reason :func:`adam` gives."""
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=True)
 
 
 def step(optimizer: torch.optim.Optimizer, loss: Tensor) -> None:

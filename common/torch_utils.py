@@ -11,9 +11,10 @@ __all__ = ["INFER_BATCH", "frozen"]
 
 # Images per forward-only pass over many samples (validation, the vote, the claim checks, evaluation, in torch
 # and in onnxruntime). On a CPU a small CNN's activations at a batch of hundreds leave the caches, and the
-# same pass runs slower per image (benchmarks/RESULTS.md, "The forward passes' batch"); a model in eval mode
-# gives each image the same output at any batch, so the batch is a speed setting only. Smaller batches also
-# keep a wide layer's activations, which set a process's peak memory, small.
+# same pass runs slower per image (benchmarks/RESULTS.md, "The forward passes' batch and the optimizers'
+# update"); a model in eval mode gives each image the same output at any batch, so the batch is a speed
+# setting only. Smaller batches also keep a wide layer's activations, which set a process's peak memory,
+# small.
 INFER_BATCH = 64
 
 

@@ -49,7 +49,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from common.checks import check_int, from_preset
 from common.device import resolve_device
 from common.errors import BudgetError, ConfigError, DataError, SpecError
-from common.loop import fit_terms
+from common.loop import adam, fit_terms
 from common.seeding import seeded
 from edge_sdk.data import ArrayDataset
 from edge_sdk.profiling import ModelProfile, fits, profile_model
@@ -670,7 +670,7 @@ def train_cvae(
     model.to(dev).train()
     x = data.x.to(dev)  # N x C x H x W uint8, converted per batch
     y = F.one_hot(data.y.to(dev), data.num_classes).float()  # N x K
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    optimizer = adam(model.parameters(), lr=config.lr)
     noise = _noise_generator(seed, 1, dev)
 
     def batch_terms(idx: Tensor) -> dict[str, Tensor]:

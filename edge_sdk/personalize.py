@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from common.checks import check_int, check_number
 from common.device import check_device, resolve_device
 from common.errors import BundleError, ConfigError, DataError
-from common.loop import fit_terms, step
+from common.loop import adam, fit_terms, sgd, step
 from common.seeding import seeded
 from common.timing import timed
 from common.torch_utils import INFER_BATCH, frozen
@@ -262,7 +262,7 @@ def _train_local_generator(
 ) -> nn.Module:
     """FedKDG's local generator: CE of the frozen local model on G_l(z, y) + a mode-seeking diversity term."""
     g_local = build_cvae("cvae-small", shape, num_classes, latent_dim=16).decoder
-    opt = torch.optim.Adam(g_local.parameters(), lr=1e-3)
+    opt = adam(g_local.parameters(), lr=1e-3)
     with frozen(local):
         for _ in range(steps):
             y = torch.multinomial(label_share, 64, replacement=True, generator=gen)
@@ -409,7 +409,7 @@ def _fit(
         inputs, torch.from_numpy(package.knowledge), torch.ones(len(inputs)),
     )  # fmt: skip
     _generators(state, train, stats)
-    optimizer = torch.optim.SGD([*model.parameters(), *state.extra], lr=config.lr, momentum=config.momentum)
+    optimizer = sgd([*model.parameters(), *state.extra], lr=config.lr, momentum=config.momentum)
     state.inputs = inputs.to(device)
     state.knowledge = state.knowledge.to(device)
     state.alpha = torch.ones(len(inputs), device=device)

@@ -24,7 +24,7 @@ from torch import nn
 
 from common.checks import check_ints
 from common.errors import ConfigError, DataError
-from common.loop import batches_per_epoch, fit
+from common.loop import adam, batches_per_epoch, fit
 from common.seeding import derive_seed, seeded
 from common.torch_utils import INFER_BATCH
 from edge_sdk.augment import Augment, Recipe, Schedule, check_recipe, cosine_factor, crop_flip, resolve_recipe
@@ -137,9 +137,7 @@ def make_optimizer(
     model: nn.Module, config: TrainConfig, input_shape: tuple[int, int, int]
 ) -> torch.optim.Optimizer:
     """The Adam a run of ``config`` on images of ``input_shape`` starts with (its recipe's weight decay)."""
-    return torch.optim.Adam(
-        model.parameters(), lr=config.lr, weight_decay=config.recipe(input_shape).weight_decay
-    )
+    return adam(model.parameters(), lr=config.lr, weight_decay=config.recipe(input_shape).weight_decay)
 
 
 def to_float(x_uint8: torch.Tensor) -> torch.Tensor:

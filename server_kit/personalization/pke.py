@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from common.checks import check_number
 from common.device import check_device, resolve_device
 from common.errors import ConfigError, DataError
-from common.loop import fit_terms
+from common.loop import adam, fit_terms
 from common.seeding import seeded
 from common.timing import timed
 from common.torch_utils import INFER_BATCH
@@ -112,7 +112,7 @@ def train_server_models(
     device = resolve_device(config.device) if device is None else device  # the caller's, resolved once
     gen = torch.Generator().manual_seed(config.seed)
     x = x.to(device)
-    optimizers = [torch.optim.Adam(m.to(device).parameters(), lr=config.lr) for m in models]
+    optimizers = [adam(m.to(device).parameters(), lr=config.lr) for m in models]
     curves: list[list[float]] = [[] for _ in models]
     bar = tqdm(total=config.train_epochs * len(models), desc="PKE", unit="model-epoch", disable=not progress)
     with seeded(config.seed, device):  # the Dropout stream: the same knowledge on every run

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from common.device import check_device, resolve_device
 from common.errors import ConfigError, DataError
-from common.loop import step
+from common.loop import adam, step
 from common.seeding import seeded
 from edge_sdk.models.elastic.space import sample_elastic
 from edge_sdk.models.elastic.spec import largest, smallest
@@ -103,7 +103,7 @@ def train_supernet(
     with seeded(config.seed):
         supernet = SuperNet(input_shape, num_classes)
     supernet.to(device).train()
-    optimizer = torch.optim.Adam(supernet.parameters(), lr=config.lr)
+    optimizer = adam(supernet.parameters(), lr=config.lr)
     gen = torch.Generator().manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     big, small = largest(), smallest()

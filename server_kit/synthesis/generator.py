@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from common.checks import check_int, from_preset, is_number, make_real_dir
 from common.device import resolve_device
 from common.errors import BundleError, ConfigError
-from common.loop import step
+from common.loop import adam, step
 from common.seeding import derive_seed, seeded
 from common.torch_utils import INFER_BATCH, frozen
 from edge_sdk.precision import autocast, resolve_precision
@@ -467,7 +467,7 @@ def train_generator(
             config, num_classes=num_classes, input_shape=shape, seed=derive_seed(seed, 0)
         )
     generator.to(dev).train()
-    optimizer = torch.optim.Adam(generator.parameters(), lr=config.lr, betas=ADAM_BETAS)
+    optimizer = adam(generator.parameters(), lr=config.lr, betas=ADAM_BETAS)
     stream = torch.Generator().manual_seed(derive_seed(seed, 1))  # labels and noise, drawn on the CPU
     adversary = student if config.adv_weight > 0 else None
     losses: list[dict[str, float]] = []

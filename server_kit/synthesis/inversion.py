@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from common.checks import differences, from_preset, is_number, make_real_dir
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
-from common.loop import step
+from common.loop import adam, step
 from common.seeding import derive_seed
 from common.torch_utils import frozen
 from edge_sdk.augment import PAD_SHARE, is_color
@@ -313,7 +313,7 @@ def _invert_chunk(
     p = torch.randn((len(chunk), *input_shape), generator=gen)  # B x C x H x W, x = sigmoid(p)
     p = p.to(device, memory_format=torch.channels_last).requires_grad_(True)
     targets = targets.to(device)
-    optimizer = torch.optim.Adam([p], lr=config.lr)
+    optimizer = adam([p], lr=config.lr)
     bn_loss = _BNStatLoss(module) if config.bn_weight > 0 else None
     if config.jitter is None or config.flip is None:
         raise ConfigError("decide the image priors first: InversionConfig.for_images(input_shape)")

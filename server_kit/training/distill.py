@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from common.checks import is_number
 from common.device import resolve_device
 from common.errors import ConfigError
-from common.loop import batches_per_epoch, fit
+from common.loop import adam, batches_per_epoch, fit
 from common.seeding import seeded
 from edge_sdk.augment import is_color
 from edge_sdk.precision import autocast, resolve_precision
@@ -209,7 +209,7 @@ def distill(
     dev = resolve_device(device)
     precision = resolve_precision(precision, dev)
     student.to(dev, memory_format=torch.channels_last).train()
-    optimizer = torch.optim.Adam(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = adam(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     gen = torch.Generator().manual_seed(seed)  # batch order, then each batch's shifts
     x_dev, y_dev = x.to(dev), targets.to(dev)  # preloaded once; batches are index gathers
 

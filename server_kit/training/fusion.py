@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from common.checks import from_preset
 from common.device import resolve_device
 from common.errors import ConfigError, DataError
-from common.loop import fit
+from common.loop import adam, fit
 from common.seeding import seeded
 from common.torch_utils import INFER_BATCH
 from server_kit.teachers import check_label_counts
@@ -330,7 +330,7 @@ def fuse(
     x_dev, y_dev = x.to(dev), y.to(device=dev, dtype=torch.long)
     probs_dev = probs.to(dev) if probs is not None else None
     student.to(dev).train()
-    optimizer = torch.optim.Adam(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = adam(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
     def batch_loss(idx: Tensor) -> Tensor:
         return fusion_loss(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pytest
 import torch
 from torch import nn
 
 from common.errors import ConfigError
-from common.loop import fit, fit_terms, minibatches, step
+from common.loop import adam, fit, fit_terms, minibatches, sgd, step
 
 
 def _sizes(batches: list[torch.Tensor]) -> list[int]:
@@ -156,3 +158,36 @@ def test_logged_terms_must_be_some_of_the_terms(logged: tuple[str, ...]) -> None
             lambda idx: {"loss": (w * idx.float()).sum()}, torch.optim.SGD([w], lr=0.1), n=4, batch_size=2,
             epochs=1, generator=torch.Generator(), device=torch.device("cpu"), logged=logged,
         )  # fmt: skip
+
+
+def _five_steps(make: Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    opt = make(model.parameters())
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x, y = torch.randn(8, 1, 8, 8, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+        step(opt, nn.functional.cross_entropy(model(x), y))
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize(
+    ("ours", "loop"),
+    [
+        (
+            lambda ps: adam(ps, lr=1e-2, weight_decay=1e-3, betas=(0.5, 0.9)),
+            lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3, betas=(0.5, 0.9), foreach=False),
+        ),
+        (
+            lambda ps: sgd(ps, lr=1e-2, momentum=0.9),
+            lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, foreach=False),
+        ),
+    ],
+    ids=["adam", "sgd"],
+)
+def test_the_optimizers_multi_tensor_update_gives_the_per_tensor_loops_numbers(ours, loop) -> None:
+    """adam() and sgd() only switch torch's update to its multi-tensor form (a speed setting): five steps of
+    a small conv net land where torch's per-tensor loop lands."""
+    assert ours([torch.zeros(1, requires_grad=True)]).defaults["foreach"] is True
+    for got, want in zip(_five_steps(ours), _five_steps(loop), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
