@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from common.torch_utils import INFER_BATCH
 from edge_sdk.precision import autocast, resolve_precision
 from server_kit.labelling.labels import LabelConfig, Labels, label_synthetic
 from server_kit.synthesis import DecoderConfig, Synthesis, SyntheticSet
@@ -113,8 +114,8 @@ def _generator_agreement(
     precision = resolve_precision(precision, device)
     for k, module in enumerate(modules):
         mine = (synthetic.teacher == k).nonzero().flatten()  # indices of teacher k's images
-        for i in range(0, mine.numel(), 512):
-            idx = mine[i : i + 512]
+        for i in range(0, mine.numel(), INFER_BATCH):
+            idx = mine[i : i + INFER_BATCH]
             with autocast(precision, device):
                 own = module(synthetic.x[idx].to(device)).argmax(1).cpu()
             hits += int((own == labels[idx]).sum())

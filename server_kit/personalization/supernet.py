@@ -27,6 +27,7 @@ from common.device import check_device, resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import adam, step
 from common.seeding import seeded
+from common.torch_utils import INFER_BATCH
 from edge_sdk.models.elastic.space import sample_elastic
 from edge_sdk.models.elastic.spec import largest, smallest
 from edge_sdk.models.elastic.supernet import SuperNet
@@ -77,7 +78,8 @@ def _ensemble_logits(teachers: Sequence[nn.Module], x: Tensor, device: torch.dev
     total = torch.zeros(0)
     for module in teachers:
         module.eval().to(device)
-        out = torch.cat([module(x[i : i + 512].to(device)).float().cpu() for i in range(0, len(x), 512)])
+        batches = range(0, len(x), INFER_BATCH)
+        out = torch.cat([module(x[i : i + INFER_BATCH].to(device)).float().cpu() for i in batches])
         total = out if total.numel() == 0 else total + out
     return total / len(teachers)  # N x L, HAPFNAS: the mean of the client logits
 
