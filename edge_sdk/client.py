@@ -529,9 +529,7 @@ def _train_from_init(
     weights = read_initial_weights(
         config.init, input_shape=train_split.input_shape, num_classes=train_split.num_classes
     )
-    wanted = with_num_classes(
-        parse_arch(search_config.design(train_split.input_shape)), train_split.num_classes
-    )
+    wanted = with_num_classes(parse_arch(search_config.fixed_arch), train_split.num_classes)
     if weights.arch != str(wanted):
         raise ConfigError(
             f"initial weights {config.init} are for {weights.arch}, the configured architecture is {wanted}; "

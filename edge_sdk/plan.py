@@ -4,7 +4,7 @@ for it and the report says how close the estimate was.
 
 Counted as :mod:`edge_sdk.profiling` counts them: a trained image costs ``TRAIN_FLOP_FACTOR`` forward
 passes, a validated one one forward pass. Before the search the architecture is unknown, so every
-classifier forward is priced at a reference model: the strategy's hand-made design (PSO's warm start, the
+classifier forward is priced at a reference model: the strategy's ``fixed_arch`` (PSO's warm start, the
 ``fixed`` baseline) where it has a formula and fits ``max_flops``, else ``max_flops`` (the most any
 candidate may cost). The search is planned at its full plan of candidates (the cache and a time budget
 make it do fewer), the final training at the halving schedule's epochs (a plateau stop ends it sooner).
@@ -20,7 +20,7 @@ from typing import Any
 from edge_sdk.cvae import CVAEConfig, cvae_cost, fit_width
 from edge_sdk.models.arch import analytic_cost, parse_arch, with_num_classes
 from edge_sdk.profiling import TRAIN_FLOP_FACTOR
-from edge_sdk.strategies.base import DesignConfig, SearchConfig
+from edge_sdk.strategies.base import SearchConfig
 from profiles import DeviceProfile
 
 __all__ = [
@@ -39,9 +39,9 @@ def reference_flops(
     config: SearchConfig, profile: DeviceProfile, input_shape: tuple[int, int, int], num_classes: int
 ) -> int:
     """FLOPs per image the plan prices a classifier at (module docstring)."""
-    if isinstance(config, DesignConfig):
-        spec = with_num_classes(parse_arch(config.design(input_shape)), num_classes)
-        cost = analytic_cost(spec, input_shape, num_classes)
+    text = getattr(config, "fixed_arch", None)
+    if text is not None:
+        cost = analytic_cost(with_num_classes(parse_arch(text), num_classes), input_shape, num_classes)
         if cost is not None and cost[0] <= profile.max_flops:
             return int(cost[0])
     return int(profile.max_flops)

@@ -39,7 +39,7 @@ def smallest_classifier(
     poolings as the input and ``max_depth`` allow, then the head). For ``random-pool`` this is a lower
     bound: the pool's models are larger, and the search says so when none fits."""
     if isinstance(search, FixedConfig):
-        spec = parse_arch(search.design(input_shape))
+        spec = parse_arch(search.fixed_arch)
         return with_num_classes(spec, num_classes)
     if supernet_of(search) is not None:
         return smallest()  # the elastic space's cheapest subnet

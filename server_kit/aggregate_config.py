@@ -15,7 +15,6 @@ from common.device import check_device, resolve_device
 from common.errors import ConfigError, SpecError
 from edge_sdk.augment import is_color
 from edge_sdk.models.arch import parse_arch
-from edge_sdk.models.zoo import RESIDUAL_CNN
 from edge_sdk.precision import Precision, check_precision, resolve_precision
 from server_kit.labelling import CLAIM_CHECKS, LabelConfig, LabellingConfig
 from server_kit.synthesis import (
@@ -35,10 +34,10 @@ __all__ = ["COLOR_STUDENT", "DEFAULT_STUDENT", "AggregateConfig"]
 # A small CNN (0.42 M parameters, 8.5 MFLOPs at 28x28): big enough to absorb ten MNIST teachers,
 # small enough to distill in under a minute on two CPU cores. The head is resized to the task's classes.
 DEFAULT_STUDENT = "C32k3-P-C64k3-P-F128-F10"
-# Color images (three channels): a residual chain with BatchNorm in every block, the devices' hand-made
-# design for color images (edge_sdk.models.zoo.RESIDUAL_CNN); benchmarks/RESULTS.md ("Color images, server
-# side") has the comparison with the small CNN on the same uploads
-COLOR_STUDENT = str(RESIDUAL_CNN)
+# Color images (three channels): a residual chain with BatchNorm in every block (25 MFLOPs at 32x32x3),
+# the same family the devices' color search draws from; benchmarks/RESULTS.md ("Color images, server side")
+# has the comparison with the small CNN on the same uploads
+COLOR_STUDENT = "C16k3-R16k3-P-R32k3-P-R64k3-P-F10"
 
 _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
     # epochs decided by the images (DistillConfig.for_images): 10 on one-channel ones, where 20 gave the

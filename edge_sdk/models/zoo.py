@@ -27,17 +27,7 @@ from common.errors import SpecError
 from edge_sdk.data import PIXEL_MEAN, PIXEL_STD
 from edge_sdk.models.chain.spec import ChainSpec
 
-__all__ = [
-    "CNN1",
-    "CNN2",
-    "RANDOM_POOL",
-    "RESIDUAL_CNN",
-    "ZOO",
-    "ZOO_FAMILY",
-    "ZooFamily",
-    "ZooSpec",
-    "build_zoo_model",
-]
+__all__ = ["CNN1", "CNN2", "RANDOM_POOL", "ZOO", "ZOO_FAMILY", "ZooFamily", "ZooSpec", "build_zoo_model"]
 
 PREFIX = "zoo:"
 
@@ -45,11 +35,6 @@ PREFIX = "zoo:"
 CNN1 = ChainSpec.parse("C32k5-P-C64k5-P-F10")
 # CNN2 stacks more convolutions and adds a 256-unit hidden FC layer before the head.
 CNN2 = ChainSpec.parse("C32k3-C32k3-P-C64k3-C64k3-P-F256-F10")
-# A small residual chain: a 3x3 stem and three residual stages of 16, 32 and 64 channels, each stage
-# after the first at half the resolution (a ResNet-8 written in the chain family). Under augmentation and
-# a decaying rate it learns more than CNN1 at fewer FLOPs; without them CNN1 is ahead (benchmarks/RESULTS.md,
-# "The hand-made design follows the recipe").
-RESIDUAL_CNN = ChainSpec.parse("C16k3-R16k3-P-R32k3-P-R64k3-P-F10")
 
 
 def _halvings(size: int, min_size: int, *, ceil: bool) -> int:

@@ -11,22 +11,18 @@ from typing import Any, ClassVar, TypeVar
 
 from common.checks import check_int, check_number, from_preset, is_number
 from common.errors import ConfigError, SpecError
-from edge_sdk.augment import Augment, Recipe, Schedule, check_recipe, resolve_recipe
+from edge_sdk.augment import Augment, Schedule, check_recipe, resolve_recipe
 from edge_sdk.halving import plateaued
 from edge_sdk.models.arch import parse_arch
-from edge_sdk.models.zoo import CNN1, RESIDUAL_CNN
 
 __all__ = [
     "AUGMENTED_FINAL_EPOCHS",
-    "AUTO_DESIGN",
     "PLAIN_FINAL_EPOCHS",
     "PLATEAU_PATIENCE",
     "RECORD_DEFAULTS",
     "SHARED_PRESETS",
-    "DesignConfig",
     "SearchConfig",
     "check_arch",
-    "hand_made_design",
 ]
 
 _Config = TypeVar("_Config", bound="SearchConfig")  # not typing.Self (3.11+): the source stays 3.10-clean
@@ -256,49 +252,3 @@ class SearchConfig:
         """The named preset (``fast`` or ``paper``) of this strategy, with any field overridden by keyword."""
         presets = {key: values | cls.own_presets.get(key, {}) for key, values in SHARED_PRESETS.items()}
         return from_preset(cls, presets, name, "search", **overrides)
-
-
-AUTO_DESIGN = "auto"  # a strategy's hand-made design left to the input's recipe (hand_made_design)
-
-
-def hand_made_design(recipe: Recipe) -> str:
-    """The hand-made design for a training run of ``recipe``: the residual chain
-    (:data:`~edge_sdk.models.zoo.RESIDUAL_CNN`) where the recipe augments the images and decays its rate,
-    CNN1 otherwise. BatchNorm'd residual stages gain from that recipe where CNN1 barely does, and without it
-    CNN1 is the better of the two (benchmarks/RESULTS.md, "The hand-made design follows the recipe"). The
-    rule reads the recipe, so a dataset of any name gets the design its images' recipe suits."""
-    return str(RESIDUAL_CNN if recipe.pad > 0 and recipe.schedule == "cosine" else CNN1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DesignConfig(SearchConfig):
-    """The options of a strategy built on one hand-made design (PSO's warm start, the ``fixed``
-    strategy's architecture).
-
-    Attributes:
-        fixed_arch: the hand-made design: the architecture a warm-started swarm begins from (strategy
-            pso) or that is trained as it is (strategy fixed); auto: from the input's training recipe,
-            a small residual chain where it augments the images and decays the rate (color images), else
-            CNN1.
-    """
-
-    fixed_arch: str = AUTO_DESIGN
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.fixed_arch != AUTO_DESIGN:
-            check_arch("fixed_arch", self.fixed_arch)
-
-    def for_input(self: _Design, input_shape: tuple[int, int, int]) -> _Design:
-        """:meth:`SearchConfig.for_input`, with an ``auto`` design resolved for the input too."""
-        config = super().for_input(input_shape)
-        return dataclasses.replace(config, fixed_arch=self.design(input_shape))
-
-    def design(self, input_shape: tuple[int, int, int]) -> str:
-        """The hand-made design for images of ``input_shape``: ``fixed_arch``, or what auto resolves to."""
-        if self.fixed_arch != AUTO_DESIGN:
-            return self.fixed_arch
-        return hand_made_design(resolve_recipe(input_shape, **self.recipe()))
-
-
-_Design = TypeVar("_Design", bound=DesignConfig)

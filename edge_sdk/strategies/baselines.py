@@ -12,17 +12,23 @@ import numpy as np
 from common.errors import BudgetError, SpecError
 from edge_sdk.models.arch import ArchSpec, parse_arch, problems, with_num_classes
 from edge_sdk.models.zoo import RANDOM_POOL
-from edge_sdk.strategies.base import DesignConfig, SearchConfig
+from edge_sdk.strategies.base import SearchConfig, check_arch
 from edge_sdk.strategies.evaluator import Evaluator, Found
 
 __all__ = ["FixedConfig", "RandomPoolConfig", "run_fixed", "run_random_pool"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class FixedConfig(DesignConfig):
+class FixedConfig(SearchConfig):
     """The ``fixed`` strategy: ``fixed_arch`` (its head resized to the class count), evaluated once."""
 
     strategy: ClassVar[str] = "fixed"
+
+    fixed_arch: str = "C32k5-P-C64k5-P-F10"  # CNN1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_arch("fixed_arch", self.fixed_arch)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +39,7 @@ class RandomPoolConfig(SearchConfig):
 
 
 def run_fixed(ev: Evaluator, config: FixedConfig, seeds: list[np.random.SeedSequence]) -> Found:
-    spec = with_num_classes(parse_arch(config.design(ev.input_shape)), ev.num_classes)
+    spec = with_num_classes(parse_arch(config.fixed_arch), ev.num_classes)
     errs = problems(spec, ev.input_shape)
     if errs:
         raise SpecError(f"invalid architecture {spec}: " + "; ".join(errs))

@@ -22,7 +22,7 @@ from edge_sdk.models.arch import family_of, parse_arch
 from edge_sdk.models.chain.network import CHAIN_FAMILY
 from edge_sdk.models.chain.space import DEFAULT_MAX_DEPTH, ChainSpace, check_max_depth, narrow
 from edge_sdk.models.chain.spec import MAX_DEPTH, ChainSpec, Layer
-from edge_sdk.strategies.base import DesignConfig
+from edge_sdk.strategies.base import SearchConfig, check_arch
 from edge_sdk.strategies.evaluator import Evaluation, Evaluator, Found
 
 __all__ = ["INIT_ATTEMPTS", "WARM_NARROWINGS", "PSOConfig", "run"]
@@ -32,9 +32,8 @@ WARM_NARROWINGS = 3  # halvings of the warm-start architecture's widths tried be
 
 
 @dataclass(frozen=True, kw_only=True)
-class PSOConfig(DesignConfig):
-    """PSO's options over the shared ones (:class:`~edge_sdk.strategies.base.SearchConfig`) and the
-    hand-made design (:class:`~edge_sdk.strategies.base.DesignConfig`).
+class PSOConfig(SearchConfig):
+    """PSO's options over the shared ones (:class:`~edge_sdk.strategies.base.SearchConfig`).
 
     Attributes:
         particles: swarm size.
@@ -43,6 +42,8 @@ class PSOConfig(DesignConfig):
         cg: probability that a target layer comes from the global best rather than the personal best.
         max_depth: longest chain the sampler draws (3 to 20); PSO never grows a particle past the longer
             of its two guides, so this bounds the whole search.
+        fixed_arch: the architecture a warm-started swarm begins from (strategy pso) or that is trained
+            as it is (strategy fixed); by default CNN1, the fixed baseline.
         warm_start: particle 0 of every swarm starts at the fixed architecture (its widths halved until
             it fits the budget) instead of a random architecture, so the search never does worse by
             fitness than that baseline; ours, not in the paper's Algorithm 2 (the paper preset turns it
@@ -81,6 +82,7 @@ class PSOConfig(DesignConfig):
     repeats: int = 1
     cg: float = 0.5
     max_depth: int = DEFAULT_MAX_DEPTH
+    fixed_arch: str = "C32k5-P-C64k5-P-F10"  # CNN1
     warm_start: bool = True
     finalists: int = 3
     finalist_share: float = 0.25
@@ -104,6 +106,7 @@ class PSOConfig(DesignConfig):
             )
         if not (isinstance(self.cg, int | float) and 0.0 <= self.cg <= 1.0):
             raise ConfigError(f"cg must be a number in [0, 1], got {self.cg!r}")
+        check_arch("fixed_arch", self.fixed_arch)
 
     def finalist_epochs(self) -> int:
         """Epochs every finalist trains before all but the best stop (``final_epochs`` when one)."""
@@ -126,7 +129,7 @@ class PSOConfig(DesignConfig):
 def _warm_spec(ev: Evaluator, config: PSOConfig) -> tuple[ChainSpec, Evaluation] | None:
     """``fixed_arch`` as the warm-start particle, narrowed until the budget admits it, evaluated; None
     if it is no chain, is too deep, or no narrowing fits."""
-    spec = parse_arch(config.design(ev.input_shape))
+    spec = parse_arch(config.fixed_arch)
     if family_of(spec) is not CHAIN_FAMILY or len(spec.layers) > config.max_depth:
         return None
     try:

@@ -411,7 +411,7 @@ def _shared_init(config: SimulateConfig, roles: list[str], task: ArrayDataset) -
         return None
     path = config.out_dir / "init.onnx"
     return write_initial_weights(
-        path, config.search.design(task.input_shape), task.input_shape, task.num_classes, seed=config.seed
+        path, config.search.fixed_arch, task.input_shape, task.num_classes, seed=config.seed
     )
 
 

@@ -17,17 +17,13 @@ from edge_sdk.client import ClientConfig
 from edge_sdk.data import load_dataset, split_train_val
 from edge_sdk.final_training import train_final
 from edge_sdk.halving import halving_rungs, plateaued, rank_finalists, schedule_epochs
-from edge_sdk.models.zoo import CNN1, RESIDUAL_CNN
-from edge_sdk.roles import smallest_classifier
 from edge_sdk.search import SearchResult
 from edge_sdk.strategies.base import (
     AUGMENTED_FINAL_EPOCHS,
-    AUTO_DESIGN,
     PLAIN_FINAL_EPOCHS,
     PLATEAU_PATIENCE,
     RECORD_DEFAULTS,
 )
-from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.pso import PSOConfig
 
 
@@ -178,28 +174,6 @@ def test_final_epochs_and_plateau_follow_the_recipe() -> None:
         PSOConfig().final_training_epochs()
     with pytest.raises(ConfigError, match="for_input"):
         PSOConfig(final_epochs=8).plateau()
-
-
-def test_the_hand_made_design_follows_the_recipe() -> None:
-    gray, color = (1, 28, 28), (3, 32, 32)
-    cnn1, residual = str(CNN1), str(RESIDUAL_CNN)
-    for config in (PSOConfig(), FixedConfig()):
-        assert config.fixed_arch == AUTO_DESIGN
-        assert (config.design(gray), config.design(color)) == (cnn1, residual)
-        # resolved where the config meets its data, so the record names the design that trained
-        assert config.for_input(gray).to_dict()["fixed_arch"] == cnn1
-        assert config.for_input(color).fixed_arch == residual
-    # the recipe decides, not the channel count: without augmentation or without the decaying rate CNN1
-    for off in ({"augment": "none"}, {"schedule": "constant"}):
-        assert PSOConfig(**off).design(color) == cnn1  # type: ignore[arg-type]
-    assert PSOConfig(augment="crop-flip", schedule="cosine").design(gray) == residual
-    given = "C8k3-P-F10"
-    assert PSOConfig(fixed_arch=given).design(color) == given
-    assert FixedConfig(fixed_arch=given).for_input(color).fixed_arch == given
-    # the fixed strategy's smallest classifier (what decides whether a device can hold one) is that design
-    assert str(smallest_classifier(color, 10, FixedConfig())) == residual
-    with pytest.raises(ConfigError, match="fixed_arch 'nope' is not a valid spec"):
-        PSOConfig(fixed_arch="nope")
 
 
 def test_plateau_stops_at_the_right_epoch() -> None:
