@@ -32,7 +32,7 @@ from common.errors import ConfigError, DataError
 from common.loop import adam, fit_terms
 from common.seeding import seeded
 from common.timing import timed
-from common.torch_utils import INFER_BATCH
+from common.torch_utils import batched_logits
 from edge_sdk.models.arch import build_model
 from export.atomic import atomic_write_json
 from export.bundle import client_names
@@ -161,12 +161,6 @@ def _train_epochs(
             bar.update(1)
 
 
-@torch.no_grad()
-def _logits(module: nn.Module, x: Tensor, batch_size: int = INFER_BATCH) -> Tensor:
-    module.eval()
-    return torch.cat([module(x[i : i + batch_size]).float() for i in range(0, len(x), batch_size)])
-
-
 def personalize_server(
     bundle_paths: Uploads,
     aggregate_dir: str | Path,
@@ -198,7 +192,7 @@ def personalize_server(
     with timed(seconds, "load"):
         inputs = _load_inputs(bundle_paths, agg, config, device)
         x, teachers = inputs.x, inputs.teachers
-        knowledge = [_logits(t.module.to(device), x.to(device)).cpu() for t in teachers]  # Z_n: N x L each
+        knowledge = [batched_logits(t.module, x, device=device) for t in teachers]  # Z_n: N x L each
 
     with timed(seconds, "pke"):
         models = []
@@ -207,7 +201,7 @@ def personalize_server(
             model.load_state_dict(inputs.global_state)
             models.append(model)
         curves = train_server_models(models, x, knowledge, config=config, progress=progress, device=device)
-        server_knowledge = [_logits(m, x.to(device)).cpu() for m in models]  # Z_n^s
+        server_knowledge = [batched_logits(m, x, device=device) for m in models]  # Z_n^s
 
     with timed(seconds, "write"):
         paths, rows = _write_packages(inputs, names, server_knowledge, knowledge, curves, config, out)

@@ -27,7 +27,7 @@ from common.device import check_device, resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import adam, step
 from common.seeding import seeded
-from common.torch_utils import INFER_BATCH
+from common.torch_utils import batched_logits
 from edge_sdk.models.elastic.space import sample_elastic
 from edge_sdk.models.elastic.spec import largest, smallest
 from edge_sdk.models.elastic.supernet import SuperNet
@@ -73,13 +73,10 @@ class SupernetConfig:
         return asdict(self)
 
 
-@torch.no_grad()
 def _ensemble_logits(teachers: Sequence[nn.Module], x: Tensor, device: torch.device) -> Tensor:
     total = torch.zeros(0)
     for module in teachers:
-        module.eval().to(device)
-        batches = range(0, len(x), INFER_BATCH)
-        out = torch.cat([module(x[i : i + INFER_BATCH].to(device)).float().cpu() for i in batches])
+        out = batched_logits(module, x, device=device)
         total = out if total.numel() == 0 else total + out
     return total / len(teachers)  # N x L, HAPFNAS: the mean of the client logits
 

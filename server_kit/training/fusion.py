@@ -49,7 +49,7 @@ from common.device import resolve_device
 from common.errors import ConfigError, DataError
 from common.loop import adam, fit
 from common.seeding import seeded
-from common.torch_utils import INFER_BATCH
+from common.torch_utils import INFER_BATCH, batched_logits
 from server_kit.teachers import check_label_counts
 
 __all__ = ["MODES", "TEACHERS", "FusionConfig", "conditioned_targets", "fuse", "fusion_loss", "teacher_probs"]
@@ -166,7 +166,6 @@ def fusion_loss(
     return lam * ce + (1.0 - lam) * kl
 
 
-@torch.no_grad()
 def _logits(
     teachers: Sequence[nn.Module],
     x: Tensor,
@@ -178,20 +177,7 @@ def _logits(
     modules = [getattr(t, "module", t) for t in teachers]  # a server_kit.teachers.loading.Teacher or a module
     if not modules:
         raise ConfigError("the fusion teacher needs at least one classifier")
-    dev = torch.device(device)
-    flags = [m.training for m in modules]
-    out: list[list[Tensor]] = [[] for _ in modules]
-    try:
-        for m in modules:
-            m.eval().to(dev)
-        for start in range(0, len(x), batch_size):
-            xb = x[start : start + batch_size].to(dev)
-            for j, m in enumerate(modules):
-                out[j].append(m(xb).float().cpu())
-    finally:
-        for m, flag in zip(modules, flags, strict=True):
-            m.train(flag)
-    return [torch.cat(parts) for parts in out]
+    return [batched_logits(m, x, device=device, batch_size=batch_size) for m in modules]
 
 
 def teacher_probs(
