@@ -62,9 +62,6 @@ __all__ = [
 
 CONCENTRATION_EPS = 1e-3
 NATURAL_JITTER = 1 / PAD_SHARE  # the shift prior on color images: the devices' crop, 1/8 of the side
-# the smoothness prior on color images, chosen in the color ablation (benchmarks/RESULTS.md, "The color
-# server's synthesis priors"): inside the range of weights that helped, below the ones that lost
-NATURAL_TV = 3.0
 _WORK_FORMAT = 1
 
 _PRESETS: dict[str, dict[str, object]] = {
@@ -88,10 +85,7 @@ class InversionConfig:
     tau: float  # temperature of the inversion loss
     betas: tuple[float, ...] = (0.1, 1.0)  # scales beta of the targets y ~ Dir(beta * C_c), samples split
     bn_weight: float = 0.0  # DeepInversion: match BN-input batch mean/var to the running statistics
-    # total variation (mean absolute neighbour difference): DeepInversion's smoothness prior, for natural
-    # images whose neighbouring pixels mostly agree; none: 3 for color images, else 0 (the
-    # one-channel defaults were measured without it)
-    tv_weight: float | None = None
+    tv_weight: float = 0.0  # total variation (mean absolute neighbour difference)
     l2_weight: float = 0.0  # mean squared pixel value: a dark-background prior
     # DeepInversion's image priors, so the images keep their class under the moves a natural image
     # survives rather than fit one pixel grid. The teacher sees each step's batch rolled by a random
@@ -119,8 +113,6 @@ class InversionConfig:
                 raise ConfigError(f"every beta must be a positive number, got {self.betas!r}")
         for name in ("bn_weight", "tv_weight", "l2_weight"):
             value = getattr(self, name)
-            if name == "tv_weight" and value is None:
-                continue
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
         if self.classes not in ("all", "held"):
@@ -131,15 +123,13 @@ class InversionConfig:
             raise ConfigError(f"flip must be true, false or none, got {self.flip!r}")
 
     def for_images(self, input_shape: tuple[int, int, int]) -> InversionConfig:
-        """``jitter``, ``flip`` and ``tv_weight`` decided where None: on for color images
+        """``jitter`` and ``flip`` decided where None: on for color images
         (:func:`edge_sdk.augment.is_color`), a shift of up to 1/8 of the side (DeepInversion's 30 of 224
-        pixels), the flip and total variation at ``NATURAL_TV``; off for the rest (a mirrored digit is no
-        digit)."""
+        pixels) and the flip; off for the rest (a mirrored digit is no digit)."""
         color = is_color(input_shape)
         jitter = (NATURAL_JITTER if color else 0.0) if self.jitter is None else self.jitter
         flip = color if self.flip is None else self.flip
-        tv_weight = (NATURAL_TV if color else 0.0) if self.tv_weight is None else self.tv_weight
-        return replace(self, jitter=jitter, flip=flip, tv_weight=tv_weight)
+        return replace(self, jitter=jitter, flip=flip)
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: object) -> InversionConfig:
@@ -325,7 +315,7 @@ def _invert_chunk(
     targets = targets.to(device)
     optimizer = adam([p], lr=config.lr)
     bn_loss = _BNStatLoss(module) if config.bn_weight > 0 else None
-    if config.jitter is None or config.flip is None or config.tv_weight is None:
+    if config.jitter is None or config.flip is None:
         raise ConfigError("decide the image priors first: InversionConfig.for_images(input_shape)")
     shift = (int(config.jitter * input_shape[1]), int(config.jitter * input_shape[2]))
     try:

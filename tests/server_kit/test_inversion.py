@@ -13,8 +13,6 @@ from common.errors import ConfigError
 from edge_sdk.models.arch import build_model
 from server_kit.synthesis.inversion import (
     CONCENTRATION_EPS,
-    NATURAL_JITTER,
-    NATURAL_TV,
     InversionConfig,
     class_similarity,
     dirichlet_targets,
@@ -205,14 +203,6 @@ def test_image_priors_are_seeded_and_off_by_default():
     plain = invert_teacher(teacher, num_classes=L, input_shape=SHAPE, config=config(), seed=1)[0]
     assert torch.equal(a, b) and not torch.equal(a, plain)
     assert "jitter" not in config().to_dict() and config(flip=True).to_dict()["flip"] is True
-
-
-def test_image_priors_are_decided_by_the_channels_unless_given():
-    gray, color = config().for_images((1, 8, 8)), config().for_images((3, 8, 8))
-    assert (gray.jitter, gray.flip, gray.tv_weight) == (0.0, False, 0.0)  # the one-channel runs as before
-    assert (color.jitter, color.flip, color.tv_weight) == (NATURAL_JITTER, True, NATURAL_TV)
-    given = config(jitter=0.0, flip=False, tv_weight=0.5)
-    assert given.for_images((3, 8, 8)) == given == given.for_images((1, 8, 8))
 
 
 def test_wrong_head_size_is_refused():
