@@ -260,7 +260,9 @@ def _train_local_generator(
     steps: int,
     gen: torch.Generator,
 ) -> nn.Module:
-    """FedKDG's local generator: CE of the frozen local model on G_l(z, y) + a mode-seeking diversity term."""
+    """FedKDG's local generator: CE of the frozen local model on G_l(z, y) + a mode-seeking diversity term.
+    The generator stays on the CPU with the stream's draws; only its images go to the model's device."""
+    device = next(local.parameters()).device
     g_local = build_cvae("cvae-small", shape, num_classes, latent_dim=16).decoder
     opt = adam(g_local.parameters(), lr=1e-3)
     with frozen(local):
@@ -268,7 +270,7 @@ def _train_local_generator(
             y = torch.multinomial(label_share, 64, replacement=True, generator=gen)
             z = torch.randn(64, 16, generator=gen)
             x = g_local(z, F.one_hot(y, num_classes).float())
-            ce = F.cross_entropy(local(x), y)
+            ce = F.cross_entropy(local(x.to(device)), y.to(device))
             # mode seeking: pixel distance per unit of noise distance between pairs, to be maximised
             dx = (x[:32] - x[32:]).abs().flatten(1).mean(1)
             dz = (z[:32] - z[32:]).abs().mean(1)
@@ -381,9 +383,9 @@ def _generators(state: _Fit, train: ArrayDataset, stats: dict[str, Any]) -> None
         state.model.train()
         stats["local_generator_seconds"] = time.perf_counter() - t0
         gen = state.gen
-        w_l = nn.Parameter(torch.randn(pixels, config.attention_dim, generator=gen) / math.sqrt(pixels))
-        w_g = nn.Parameter(torch.randn(pixels, config.attention_dim, generator=gen) / math.sqrt(pixels))
-        state.extra = [w_l, w_g]
+        w_l = torch.randn(pixels, config.attention_dim, generator=gen) / math.sqrt(pixels)  # drawn on the CPU
+        w_g = torch.randn(pixels, config.attention_dim, generator=gen) / math.sqrt(pixels)
+        state.extra = [nn.Parameter(w.to(state.device)) for w in (w_l, w_g)]
 
 
 def _fit(

@@ -19,6 +19,7 @@ from server_kit.aggregate import aggregate
 from server_kit.aggregate_config import AggregateConfig
 from server_kit.labelling.labels import LabelConfig
 from server_kit.synthesis import SYNTHETIC_FILE, load_synthetic
+from server_kit.synthesis.generator import GeneratorConfig
 from server_kit.synthesis.inversion import InversionConfig
 from server_kit.teachers.loading import declared_class_names, teachers_from_bundles
 from server_kit.training.distill import DistillConfig
@@ -346,3 +347,19 @@ def test_bundles_as_bytes_give_the_files_result_and_are_checked_like_files(tmp_p
     assert [s["file"] for s in result.report["skipped"]] == ["client_1.bundle", "junk.bundle"]
     assert "sha256 mismatch" in result.report["skipped"][0]["reason"]
     assert [t["arch"] for t in result.report["teachers"]] == [SPECS[0], SPECS[2]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_aggregate_runs_on_cuda(tmp_path, bundles):
+    """The server on a GPU: teachers checked against onnxruntime on the CPU (a GPU's TF32 convolutions
+    would fail the 1e-4 parity), then inversion, generator, vote, distillation and evaluation there."""
+    generator = GeneratorConfig(
+        nz=8, width=4, steps=3, batch_size=12, lr=1e-2, ce_weight=1.0, div_weight=1.0, bn_weight=0.1,
+        adv_weight=0.0, filter_fraction=0.0, samples=24, tau=4.0,
+    )  # fmt: skip
+    config = tiny_config(device="cuda", synth=("inversion", "generator"), generator=generator)
+    result = aggregate(bundles, tmp_path / "server", config=config, eval_data=eval_data())
+    report = json.loads(result.report_path.read_text())
+    assert report["device"] == "cuda" and [t["method"] for t in report["teachers"]] == ["rebuilt"] * 3
+    assert result.synthetic_size == 3 * 12 + 24 and 0.0 <= result.accuracy <= 1.0
+    validate_onnx(result.global_onnx.read_bytes())
