@@ -52,7 +52,7 @@ from edge_sdk import __version__
 from edge_sdk.artifacts import TrainedModel, bundle_cvae, bundle_model, decoder_bundle_path
 from edge_sdk.curves import curve_records
 from edge_sdk.cvae import CVAEConfig
-from edge_sdk.data import ArrayDataset, data_sha256, split_train_val
+from edge_sdk.data import ArrayDataset, data_sha256, split_sizes, split_train_val
 from edge_sdk.final_training import train_cvae_final, train_final
 from edge_sdk.halving import halving_rungs, rank_finalists
 from edge_sdk.models.arch import family_of_text, parse_arch, with_num_classes
@@ -80,6 +80,7 @@ __all__ = [
     "ClientConfig",
     "ClientResult",
     "finalist_seed",
+    "plan_run",
     "resume_key",
     "run_client",
 ]
@@ -258,6 +259,41 @@ class ClientResult:
     extra_bundles: tuple[Path, ...] = ()
 
 
+def plan_run(
+    config: ClientConfig,
+    profile: DeviceProfile,
+    *,
+    n: int,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    hosted: bool = False,
+) -> tuple[str, DeviceProfile, dict[str, Any]]:
+    """What a client run on ``n`` examples will do, known before any work: its role, the profile its
+    budgets screen under (``time_budget_s`` overridden) and its device plan
+    (:func:`edge_sdk.plan.plan_flops`). :func:`run_client` logs and reports the plan; `simulate` starts
+    the clients with the largest plans first."""
+    config = config.for_input(input_shape)
+    n_train, n_val = split_sizes(n, config.val_fraction)  # too few examples: refused before anything else
+    budgeted = profile
+    if config.time_budget_s is not None:
+        budgeted = dataclasses.replace(profile, time_budget_s=float(config.time_budget_s))
+    role = resolve_role(
+        config.role, profile, input_shape, num_classes, config.search, config.cvae, hosted=hosted
+    )
+    classifies, decodes = role in ("classifier", "both"), role in ("cvae", "both")
+    plan = plan_flops(
+        search=config.search if classifies else None,
+        cvae=config.cvae if decodes else None,
+        searched=config.init is None,
+        profile=budgeted,
+        n_train=n_train,
+        n_val=n_val,
+        input_shape=input_shape,
+        num_classes=num_classes,
+    )
+    return role, budgeted, plan
+
+
 def run_client(
     data: ArrayDataset,
     *,
@@ -275,34 +311,21 @@ def run_client(
     out = Path(out)
     resolve_device(config.device)  # a missing GPU is refused before any work
     config = config.for_input(data.input_shape)
-    budgeted = profile  # the budgets the search screens under: the profile's, time_budget_s overridden
-    if config.time_budget_s is not None:
-        budgeted = dataclasses.replace(profile, time_budget_s=float(config.time_budget_s))
-    deadline = Deadline.after(budgeted.time_budget_s, clock)
-    train_split, val_split = split_train_val(data, val_fraction=config.val_fraction, seed=config.seed)
-    role = resolve_role(
-        config.role,
+    role, budgeted, plan = plan_run(
+        config,
         profile,
-        data.input_shape,
-        data.num_classes,
-        config.search,
-        config.cvae,
+        n=len(data),
+        input_shape=data.input_shape,
+        num_classes=data.num_classes,
         hosted=hosted,
     )
+    deadline = Deadline.after(budgeted.time_budget_s, clock)
+    train_split, val_split = split_train_val(data, val_fraction=config.val_fraction, seed=config.seed)
     report_path = out.with_name(out.name + ".report.json")
     seconds: dict[str, float] = {}
     report: dict[str, Any] = {"role": role, "profile": profile.name} | resume_key(config, data, profile)
     classifies, decodes = role in ("classifier", "both"), role in ("cvae", "both")
     sizes = {"n_train": len(train_split), "n_val": len(val_split)}
-    plan = plan_flops(
-        search=config.search if classifies else None,
-        cvae=config.cvae if decodes else None,
-        searched=config.init is None,
-        profile=budgeted,
-        input_shape=data.input_shape,
-        num_classes=data.num_classes,
-        **sizes,
-    )
     log.info("%s", plan_line(plan, budgeted))
     result: ClientResult | None = None
     cvae_metrics: dict[str, Any] | None = None

@@ -58,6 +58,7 @@ __all__ = [
     "partition",
     "partition_settings",
     "save_client_data",
+    "split_sizes",
     "split_train_val",
 ]
 
@@ -430,22 +431,27 @@ def dirichlet_partition(
     )
 
 
-def split_train_val(
-    ds: ArrayDataset, *, val_fraction: float = 0.2, seed: int
-) -> tuple[ArrayDataset, ArrayDataset]:
-    """A seeded random train / validation split (both non-empty; sample order kept within each part)."""
+def split_sizes(n: int, val_fraction: float) -> tuple[int, int]:
+    """(train, validation) sizes of :func:`split_train_val` on ``n`` samples, without the samples."""
     if (
         isinstance(val_fraction, bool)
         or not isinstance(val_fraction, int | float)
         or not 0 < val_fraction < 1
     ):
         raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
-    seed = check_int("seed", seed, 0)
-    n = len(ds)
     if n < 2:
         raise DataError(f"a train / validation split needs at least 2 samples, got {n}")
     n_val = min(max(1, round(n * val_fraction)), n - 1)
-    perm = np.random.default_rng(seed).permutation(n)
+    return n - n_val, n_val
+
+
+def split_train_val(
+    ds: ArrayDataset, *, val_fraction: float = 0.2, seed: int
+) -> tuple[ArrayDataset, ArrayDataset]:
+    """A seeded random train / validation split (both non-empty; sample order kept within each part)."""
+    n_val = split_sizes(len(ds), val_fraction)[1]
+    seed = check_int("seed", seed, 0)
+    perm = np.random.default_rng(seed).permutation(len(ds))
     return ds.subset(np.sort(perm[n_val:])), ds.subset(np.sort(perm[:n_val]))
 
 

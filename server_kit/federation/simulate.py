@@ -55,7 +55,7 @@ from common.configs import MAX_CONFIG_BYTES, config_from_dict
 from common.device import check_device, resolve_device
 from common.errors import ConfigError
 from common.timing import timed
-from edge_sdk.client import CODE_VERSION, ClientConfig, resume_key, run_client
+from edge_sdk.client import CODE_VERSION, ClientConfig, plan_run, resume_key, run_client
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import (
     ArrayDataset,
@@ -456,6 +456,21 @@ def _client_sizes(data_dir: Path, num_clients: int) -> list[int]:
     return [0] * num_clients
 
 
+def _planned_flops(
+    sizes: list[int], names: list[str], configs: list[ClientConfig], task: ArrayDataset
+) -> list[int]:
+    """Each client's planned device FLOPs (:func:`edge_sdk.client.plan_run`): what orders the clients'
+    jobs. A size the manifest does not give (0) plans 0; that client's own run says what is wrong."""
+    return [
+        0
+        if n < 2
+        else plan_run(
+            config, load_profile(name), n=n, input_shape=task.input_shape, num_classes=task.num_classes
+        )[2]["total"]
+        for n, name, config in zip(sizes, names, configs, strict=True)
+    ]
+
+
 def _partition_verdict(config: SimulateConfig, data_dir: Path) -> Verdict:
     """Whether ``data_dir`` holds this config's partition
     (:func:`server_kit.federation.resume.partition_verdict`)."""
@@ -660,7 +675,8 @@ def _run_clients(
     client_dir = out / "clients"
     make_real_dir(client_dir)
     bundles = [client_dir / f"{name}.bundle" for name in names_on_disk]
-    plan = plan_clients(config, load_client_data(out / "data" / "test.npz"), device=device)
+    task = load_client_data(out / "data" / "test.npz")
+    plan = plan_clients(config, task, device=device)
     names, client_configs = list(plan.profiles), list(plan.configs)
     verdicts = [
         Verdict(False, "--resume off")
@@ -676,10 +692,10 @@ def _run_clients(
         if not verdict.reuse:
             log.info("%s runs: %s", names_on_disk[k], verdict.reason)
     todo = [k for k in range(config.num_clients) if not verdicts[k].reuse]
-    # largest clients first (longest-processing-time order): the last job to start is a short one,
-    # so the workers finish close together instead of one waiting on a big client started last
-    sizes = _client_sizes(out / "data", config.num_clients)
-    todo.sort(key=lambda k: (-sizes[k], k))
+    # the largest device plans first (longest-processing-time order): the last job to start is a short
+    # one, so the workers finish close together instead of one waiting on a big client started last
+    work = _planned_flops(_client_sizes(out / "data", config.num_clients), names, client_configs, task)
+    todo.sort(key=lambda k: (-work[k], k))
     jobs = [(str(data_paths[k]), str(bundles[k]), names[k], client_configs[k]) for k in todo]
     _train_clients(config, pool, bundles, todo, jobs)
     return bundles, names, verdicts, todo

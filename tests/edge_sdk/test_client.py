@@ -12,7 +12,7 @@ import pytest
 
 import edge_sdk.strategies.evaluator as evaluator_module
 from common.errors import ConfigError
-from edge_sdk.client import ClientConfig, run_client
+from edge_sdk.client import ClientConfig, plan_run, run_client
 from edge_sdk.curves import check_curve
 from edge_sdk.data import load_dataset
 from edge_sdk.strategies.pso import PSOConfig
@@ -40,6 +40,9 @@ def test_run_client_keeps_the_most_accurate_finalist(
     assert f"{planned['total'] / 1e12:.3g} TFLOP" in line and f"about {planned['seconds']:.0f} s" in line
     assert "at 100 GFLOP/s (profile 'laptop-cpu'" in line and profile.gflops == 100
     assert planned["cvae"] == 0 and planned["seconds"] == pytest.approx(planned["total"] / 100e9, abs=1e-3)
+    # the same plan is known before any work, from the size alone (what `simulate` orders its clients by)
+    role, _, before = plan_run(config, profile, n=600, input_shape=data.input_shape, num_classes=10)
+    assert role == "classifier" and before == planned
     # 480 training images (the search's subset: 100), 120 validation ones; one candidate epoch each
     assert result.search is not None
     trained_candidates = [e for e in result.search.evaluations if e.epochs > 0]
