@@ -8,8 +8,10 @@ classifier forward is priced at a reference model: the strategy's ``fixed_arch``
 ``fixed`` baseline) where it has a formula and fits ``max_flops``, else ``max_flops`` (the most any
 candidate may cost). The search is planned at its full plan of candidates (the cache and a time budget
 make it do fewer), the final training at the halving schedule's epochs (a plateau stop ends it sooner).
-Candidates larger than the reference make the search cost more than planned, and the achieved throughput
-is rarely the profile's: the report's ``device_plan`` records both sides so the estimate can be judged.
+The search's FLOP cap (``SearchConfig.flop_cap``, the reference's own price by default) keeps candidates
+from costing more than the reference per image, so the plan bounds them; without it a larger candidate
+makes the search and the final training cost more than planned. The achieved throughput is rarely the
+profile's: the report's ``device_plan`` records both sides so the estimate can be judged.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from common.configs import config_from_dict, refuse_renamed
 from common.errors import ConfigError, DataError
 from common.timing import Deadline
 from edge_sdk.data import ArrayDataset
-from edge_sdk.plan import final_training_flops, search_flop_budget
+from edge_sdk.plan import final_training_flops, reference_flops, search_flop_budget
 from edge_sdk.precision import resolve_precision
 from edge_sdk.strategies import baselines, evolution, pso
 from edge_sdk.strategies.base import RECORD_DEFAULTS, SearchConfig
@@ -165,6 +165,7 @@ class SearchResult:
     flop_budget: int | None = None  # the training FLOPs the search could spend (None: unbounded)
     spent_flops: int = 0  # what its candidates' training spent (edge_sdk.plan's counting)
     flops_spent: bool = False  # the FLOP budget ended the search before its plan (see progress)
+    flop_cap: int | None = None  # the most FLOPs per image a candidate could cost (None: max_flops alone)
     progress: dict[str, list[int]] = field(default_factory=dict)  # [done, planned] per strategy loop
     # the best spec's training loss per epoch (empty when a proxy scored it): the client report's curve
     best_curve: tuple[dict[str, float], ...] = ()
@@ -191,6 +192,7 @@ class SearchResult:
             "flop_budget": self.flop_budget,
             "spent_flops": self.spent_flops,
             "flops_spent": self.flops_spent,
+            "flop_cap": self.flop_cap,
             "progress": self.progress,
             "evaluations": [
                 dataclasses.asdict(e) | {"fitness": _finite(e.fitness), "seconds": round(e.seconds, 3)}
@@ -222,7 +224,8 @@ def search(
     :class:`BudgetError` when the budget admits no candidate. Past ``deadline`` the strategy starts no
     new candidate and returns the best it found (at least one trained candidate): ``budget_stopped``.
     So it does once its candidates have spent ``config.search_budget`` times the final training's planned
-    FLOPs (:func:`edge_sdk.plan.search_flop_budget`): ``flops_spent``.
+    FLOPs (:func:`edge_sdk.plan.search_flop_budget`): ``flops_spent``. A candidate costing more FLOPs per
+    image than ``config.flop_cap`` times the planned design's is rejected as one over the profile is.
     """
     check_int("seed", seed, 0)
     strategy = _strategy(config.strategy)
@@ -255,6 +258,10 @@ def search(
         num_classes=train.num_classes,
     )
     flop_budget = search_flop_budget(config, final)
+    flop_cap = None
+    if config.flop_cap is not None:
+        reference = reference_flops(config, profile, train.input_shape, train.num_classes)
+        flop_cap = int(config.flop_cap * reference)
     with tqdm(total=planned, desc=f"search ({config.strategy})", unit="cand", disable=not progress) as bar:
         ev = Evaluator(
             train,
@@ -268,6 +275,7 @@ def search(
             final_samples=full,
             deadline=deadline,
             flop_budget=flop_budget,
+            flop_cap=flop_cap,
         )
         found = strategy.run(ev, config, seeds)
     best_spec, best_fitness = min(found.repeats_best, key=lambda item: item[1])
@@ -288,6 +296,7 @@ def search(
         flop_budget=flop_budget,
         spent_flops=ev.spent_flops,
         flops_spent=ev.flops_spent,
+        flop_cap=flop_cap,
         progress=found.progress,
         best_curve=tuple({"train_loss": loss} for loss in ev.curves.get(str(best_spec), ())),
     )

@@ -45,6 +45,7 @@ SHARED_PRESETS: dict[str, dict[str, Any]] = {
         "max_train_samples": None,
         "plateau_patience": 0,
         "search_budget": None,
+        "flop_cap": None,
     },
 }
 
@@ -86,6 +87,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "schedule": "auto",
     "weight_decay": None,
     "search_budget": None,
+    "flop_cap": None,
 }
 
 
@@ -136,6 +138,10 @@ class SearchConfig:
             starts and the search keeps the best it met. A device that trains longer may look longer,
             and the search never costs the device more than a fixed share of the training it chooses
             for. none: the search runs its whole plan.
+        flop_cap: the most FLOPs per image a candidate may cost, as a multiple of the design the device
+            plan prices (the warm start, where it fits the profile): the search looks for a better model
+            at the price the plan stated, which then bounds the final training and the server's passes
+            through the teacher. none: the profile's max_flops alone.
     """
 
     strategy: ClassVar[str]
@@ -156,6 +162,7 @@ class SearchConfig:
     schedule: Schedule = "auto"
     weight_decay: float | None = None
     search_budget: float | None = 0.25
+    flop_cap: float | None = 1.0
 
     def __post_init__(self) -> None:
         if type(self) is SearchConfig:
@@ -177,6 +184,11 @@ class SearchConfig:
             raise ConfigError(
                 f"search_budget must be a positive finite number or None, got {self.search_budget!r}; fix: "
                 "the search's FLOPs as a multiple of the final training's planned FLOPs (None: no budget)"
+            )
+        if self.flop_cap is not None and not (is_number(self.flop_cap) and self.flop_cap > 0):
+            raise ConfigError(
+                f"flop_cap must be a positive finite number or None, got {self.flop_cap!r}; fix: a "
+                "candidate's FLOPs per image as a multiple of the planned design's (None: max_flops alone)"
             )
 
     def for_input(self: _Config, input_shape: tuple[int, int, int]) -> _Config:

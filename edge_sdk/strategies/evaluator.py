@@ -105,6 +105,9 @@ class Evaluator:
     deadline: Deadline | None = None  # the search's share of the device's time budget (None: unbounded)
     stopped: bool = False  # a strategy asked for more time than was left and stopped (out_of_budget)
     flop_budget: int | None = None  # training FLOPs the search may spend (None: unbounded)
+    # FLOPs per image a candidate may cost (SearchConfig.flop_cap times the plan's design; None: the profile's
+    # max_flops alone)
+    flop_cap: int | None = None
     spent_flops: int = 0  # training FLOPs of the candidates trained so far (the plan's counting)
     flops_spent: bool = False  # the FLOP budget ended the search (out_of_budget)
     curves: dict[str, list[float]] = field(default_factory=dict)  # spec -> its training's loss per epoch
@@ -149,15 +152,25 @@ class Evaluator:
             self.profile,
         )
         if reason is None and flops:
-            reason = self._slow(flops)
+            reason = self._over_cap(flops) or self._slow(flops)
         if reason is not None:
             return flops, params, 0, reason
         with torch.random.fork_rng(devices=[]):  # weight init here must not consume the caller's RNG
             model = build_model(spec, self.input_shape, self.num_classes)
         cost = profile_model(model, self.input_shape, batch_size=self.config.batch_size)
         self._note(flops=cost.flops, params=cost.params, memory=cost.train_memory_bytes)
-        reason = fits(cost, self.profile) or self._slow(cost.flops)
+        reason = fits(cost, self.profile) or self._over_cap(cost.flops) or self._slow(cost.flops)
         return cost.flops, cost.params, cost.train_memory_bytes, reason
+
+    def _over_cap(self, flops: int) -> str | None:
+        """The search's own FLOP cap per image (``flop_cap``), below the profile's ``max_flops``."""
+        if self.flop_cap is None or flops <= self.flop_cap:
+            return None
+        self.needs["flop_cap"] = min(self.needs.get("flop_cap", math.inf), flops / self.flop_cap)
+        return (
+            f"flops {flops / 1e6:.1f} MFLOP exceeds the search's cap {self.flop_cap / 1e6:.1f} MFLOP "
+            f"(flop_cap {self.config.flop_cap:g} x the planned design's FLOPs)"
+        )
 
     def _slow(self, flops: int) -> str | None:
         """The device-time budget: the final training of this candidate, the finalists' shared epochs

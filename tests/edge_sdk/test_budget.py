@@ -21,7 +21,7 @@ from edge_sdk.client import ClientConfig, resume_key, run_client
 from edge_sdk.data import ArrayDataset, load_dataset, save_client_data
 from edge_sdk.final_training import train_final
 from edge_sdk.models.arch import parse_arch
-from edge_sdk.plan import final_training_flops, pass_flops, plan_flops
+from edge_sdk.plan import final_training_flops, pass_flops, plan_flops, reference_flops
 from edge_sdk.search import SearchResult, search
 from edge_sdk.shared_init import initial_weights
 from edge_sdk.strategies.baselines import FixedConfig
@@ -142,6 +142,30 @@ def test_the_plan_prices_the_search_at_its_flop_budget() -> None:
     assert PSOConfig.preset("paper").search_budget is None  # the paper's Algorithm 2 runs its whole plan
     with pytest.raises(ConfigError, match="search_budget"):
         PSOConfig(search_budget=0)
+
+
+def test_no_candidate_costs_more_than_the_planned_design(splits: tuple[ArrayDataset, ArrayDataset]) -> None:
+    """The FLOP cap rejects, before training, every candidate costing more per image than the design the
+    device plan prices (PSO's warm start), naming the cap; without the cap the same search trains some."""
+    train, _ = splits
+    base = {"particles": 4, "iterations": 2, "max_depth": 5, "max_train_samples": 100, "search_budget": None}
+    base |= {"fixed_arch": "C8k3-P-C16k3-P-F10"}
+    reference = reference_flops(PSOConfig(**base), ROOMY, train.input_shape, train.num_classes)
+    free = _search(splits, PSOConfig(**base, flop_cap=None), None)
+    assert free.flop_cap is None and any(e.epochs and e.flops > reference for e in free.evaluations)
+    capped = _search(splits, PSOConfig(**base), None)  # the default: the design's own price
+    assert capped.flop_cap == reference == capped.to_dict()["flop_cap"]
+    trained = [e for e in capped.evaluations if e.epochs]
+    assert trained[0].spec == "C8k3-P-C16k3-P-F10" and all(e.flops <= reference for e in trained)
+    over = [e for e in capped.evaluations if e.rejected and "the search's cap" in e.rejected]
+    assert over and all(e.flops > reference and e.epochs == 0 for e in over)
+    _valid(capped)
+    double = _search(splits, PSOConfig(**base, flop_cap=2.0), None)
+    assert double.flop_cap == 2 * reference
+    assert all(e.flops <= 2 * reference for e in double.evaluations if e.epochs)
+    assert PSOConfig.preset("paper").flop_cap is None  # the paper's search is bound by the device alone
+    with pytest.raises(ConfigError, match="flop_cap"):
+        PSOConfig(flop_cap=0)
 
 
 def test_evolution_stops_at_the_deadline_with_its_best_so_far(

@@ -158,8 +158,8 @@ def test_final_epochs_and_plateau_follow_the_recipe() -> None:
     plain = PSOConfig().for_input(gray)
     assert (plain.final_epochs, plain.plateau_patience) == (PLAIN_FINAL_EPOCHS, PLATEAU_PATIENCE)
     # a grayscale run records what it did before the rule existed, so its resume keys still match (all
-    # but the search's FLOP budget, a later change that redoes the search)
-    assert plain.to_dict() == RECORD_DEFAULTS | {"search_budget": 0.25}
+    # but the search's FLOP budget and cap, later changes that redo the search)
+    assert plain.to_dict() == RECORD_DEFAULTS | {"search_budget": 0.25, "flop_cap": 1.0}
     rich = PSOConfig().for_input(color)  # crop-flip and a cosine rate: more epochs, no plateau stop
     assert (rich.final_epochs, rich.plateau_patience) == (AUGMENTED_FINAL_EPOCHS, 0)
     assert AUGMENTED_FINAL_EPOCHS > PLAIN_FINAL_EPOCHS

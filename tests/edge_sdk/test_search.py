@@ -46,10 +46,11 @@ def _profile(**overrides: object) -> DeviceProfile:
 
 
 def _fast(strategy: str = "pso", **overrides: object) -> SearchConfig:
-    """The fast preset of ``strategy``, its whole plan (no FLOP budget: tests/edge_sdk/test_budget.py has
-    it); PSO with a small swarm of short chains."""
+    """The fast preset of ``strategy``, its whole plan and the profile's FLOPs (no FLOP budget, no FLOP
+    cap: tests/edge_sdk/test_budget.py has them); PSO with a small swarm of short chains."""
     small = {"particles": 3, "iterations": 2, "max_depth": 5} if strategy == "pso" else {}
-    return build_search_config("fast", strategy=strategy, **({"search_budget": None} | small | overrides))
+    whole = {"search_budget": None, "flop_cap": None}
+    return build_search_config("fast", strategy=strategy, **(whole | small | overrides))
 
 
 @pytest.fixture
@@ -482,10 +483,11 @@ def test_record_keeps_the_single_config_shape() -> None:
         "weight_decay": None,
     }
     gray = (1, 28, 28)  # resolved for grayscale input, the input of every run before #31
-    # the fields added since: an old record had no budget; PSO's finalists must beat the warm start
-    added = {"search_budget": None, "finalists_beat_warm": True}
+    # the fields added since: an old record had no budget and no cap; PSO's finalists must beat the warm start
+    added = {"search_budget": None, "finalists_beat_warm": True, "flop_cap": None}
     assert old_default | added == RECORD_DEFAULTS
-    current = {key: (old_default | added | {"search_budget": 0.25})[key] for key in RECORD_DEFAULTS}
+    now = {"search_budget": 0.25, "flop_cap": 1.0}
+    current = {key: (old_default | added | now)[key] for key in RECORD_DEFAULTS}
     assert PSOConfig().for_input(gray).to_dict() == current
     assert list(PSOConfig().for_input(gray).to_dict()) == list(current)
     fixed = FixedConfig(fixed_arch="C8k3-P-F10", final_epochs=1).for_input(gray).to_dict()
