@@ -38,6 +38,7 @@ __all__ = [
     "OPTIMIZER_STATE",
     "ModelProfile",
     "allowed_cores",
+    "budget_pair",
     "count_flops",
     "fits",
     "free_cores",
@@ -244,7 +245,7 @@ def profile_model(
 _PREFIXES = ("", "k", "M", "G", "T")
 
 
-def _compare(value: float, budget: float, unit: str, *, scaled: bool = True) -> tuple[str, str]:
+def budget_pair(value: float, budget: float, unit: str, *, scaled: bool = True) -> tuple[str, str]:
     """Both numbers in the budget's (SI) scale, with enough decimals that they print differently."""
     exponent = 0
     while scaled and exponent < len(_PREFIXES) - 1 and abs(budget) >= 1000 ** (exponent + 1):
@@ -265,15 +266,15 @@ def fits(model_profile: ModelProfile, profile: DeviceProfile) -> str | None:
     """
     where = f"of profile {profile.name!r}"
     if model_profile.params > profile.max_params:
-        got, limit = _compare(model_profile.params, profile.max_params, "")
+        got, limit = budget_pair(model_profile.params, profile.max_params, "")
         return f"params {got} exceeds max_params {limit} {where}"
     if model_profile.flops > profile.max_flops:
-        got, limit = _compare(model_profile.flops, profile.max_flops, "FLOP")
+        got, limit = budget_pair(model_profile.flops, profile.max_flops, "FLOP")
         return f"flops {got} exceeds max_flops {limit} {where}"
     if model_profile.train_memory_bytes > profile.memory_bytes:
         mib = 1024 * 1024
         used, budget = model_profile.train_memory_bytes / mib, profile.memory_bytes / mib
-        got, limit = _compare(used, budget, "MB", scaled=False)
+        got, limit = budget_pair(used, budget, "MB", scaled=False)
         return f"train memory {got} exceeds memory_mb {limit} {where}"
     return None
 

@@ -32,6 +32,7 @@ from edge_sdk.plan import pass_flops
 from edge_sdk.profiling import (
     FINAL_TRAINING_SHARE,
     ModelProfile,
+    budget_pair,
     fits,
     profile_model,
     train_seconds,
@@ -163,12 +164,13 @@ class Evaluator:
         return cost.flops, cost.params, cost.train_memory_bytes, reason
 
     def _over_cap(self, flops: int) -> str | None:
-        """The search's own FLOP cap per image (``flop_cap``), below the profile's ``max_flops``."""
+        """The search's own FLOP cap per image (``flop_cap``), checked beside the profile's ``max_flops``."""
         if self.flop_cap is None or flops <= self.flop_cap:
             return None
         self.needs["flop_cap"] = min(self.needs.get("flop_cap", math.inf), flops / self.flop_cap)
+        got, limit = budget_pair(flops, self.flop_cap, "FLOP")
         return (
-            f"flops {flops / 1e6:.1f} MFLOP exceeds the search's cap {self.flop_cap / 1e6:.1f} MFLOP "
+            f"flops {got} exceeds the search's cap {limit} "
             f"(flop_cap {self.config.flop_cap:g} x the planned design's FLOPs)"
         )
 
