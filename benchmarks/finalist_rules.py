@@ -36,6 +36,7 @@ def _rows(finalists: list[dict[str, Any]], alive: list[int], epoch: int) -> list
             "val_accuracy": finalists[i]["val"][epoch - 1][1],
             "flops": finalists[i]["flops"],
             "params": finalists[i]["params"],
+            "train_memory_bytes": finalists[i]["train_memory_bytes"],
         }
         for i in alive
     ]
@@ -72,17 +73,33 @@ def _incumbent(client: dict[str, Any]) -> int | None:
     return None
 
 
-def _cnn1_fits(profile: str, run_dir: str) -> bool:
+def _shape(run_dir: str) -> tuple[int, int, int]:
+    return load_client_data(Path(run_dir) / "data" / "test.npz").input_shape
+
+
+def _cnn1_fits(profile: str, shape: tuple[int, int, int]) -> bool:
     """Whether the client's profile admits CNN1 as it is (the table's "both fit")."""
-    shape = load_client_data(Path(run_dir) / "data" / "test.npz").input_shape
     return fits(profile_model(build_model(CNN1, shape, 10), shape), load_profile(profile)) is None
+
+
+def _with_memory(client: dict[str, Any], shape: tuple[int, int, int]) -> dict[str, Any]:
+    """The client with each finalist's training memory (the rule's third cost; curves recorded before it
+    was a finalist row's field do not hold it)."""
+    finalists = [
+        f | {"train_memory_bytes": profile_model(build_model(f["arch"], shape, 10), shape).train_memory_bytes}
+        for f in client["finalists"]
+    ]
+    return client | {"finalists": finalists}
 
 
 def main(argv: list[str]) -> None:
     clients = []
     for path in argv:
         curves = json.loads(Path(path).read_text())
-        clients += [c | {"cnn1_fits": _cnn1_fits(c["profile"], curves["run_dir"])} for c in curves["clients"]]
+        shape = _shape(curves["run_dir"])
+        clients += [
+            _with_memory(c, shape) | {"cnn1_fits": _cnn1_fits(c["profile"], shape)} for c in curves["clients"]
+        ]
     clients.sort(key=lambda c: c["client"])
     plans = {"today's rungs": [3, 5], "twice as late": [5, 10]}
     table: dict[tuple[str, str], list[tuple[float, bool]]] = {}

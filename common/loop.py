@@ -74,16 +74,19 @@ def adam(
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
 ) -> torch.optim.Adam:
-    """The toolkit's Adam: torch's, with the multi-tensor (``foreach``) update on every device.
+    """The toolkit's Adam: torch's, with the fused update on every device.
 
     On a CPU torch's default updates one parameter at a time, a dozen small ops each; the multi-tensor
-    update gives the same numbers in a fraction of the time, which a model of many tensors or parameters
-    pays at every step (benchmarks/RESULTS.md, "The forward passes' batch and the optimizers' update")."""
-    return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay, foreach=True)
+    (``foreach``) form still makes one pass over the moments per op. The fused kernel makes one pass per
+    parameter, the same formula to float32 rounding: a small model with wide dense layers (the CVAE)
+    spends a large share of its step in the update (benchmarks/RESULTS.md, "The device's time, not only
+    its FLOPs")."""
+    return torch.optim.Adam(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
 
 
 def sgd(params: Iterable[Tensor], *, lr: float, momentum: float = 0.0) -> torch.optim.SGD:
-    """The toolkit's SGD, with the multi-tensor update for the reason :func:`adam` gives."""
+    """The toolkit's SGD, with the multi-tensor update (one pass over the parameters per op, not a loop
+    over them)."""
     return torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=True)
 
 

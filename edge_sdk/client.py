@@ -54,7 +54,7 @@ from edge_sdk.curves import curve_records
 from edge_sdk.cvae import CVAEConfig
 from edge_sdk.data import ArrayDataset, data_sha256, split_sizes, split_train_val
 from edge_sdk.final_training import train_cvae_final, train_final
-from edge_sdk.halving import halving_rungs, rank_finalists
+from edge_sdk.halving import COSTS, halving_rungs, rank_finalists
 from edge_sdk.models.arch import family_of_text, parse_arch, with_num_classes
 from edge_sdk.models.elastic.network import ELASTIC_FAMILY
 from edge_sdk.models.elastic.spec import ElasticSpec
@@ -89,15 +89,16 @@ __all__ = [
 log = logging.getLogger(__name__)  # the plan line, through edge_sdk's handler (common.cli)
 FINALIST_STREAM = 3  # derive_seed stream of the chosen finalist's remaining epochs
 # a finalist's row in the report: what the halving ranks it by (edge_sdk.halving.rank_finalists) and its cost
-FINALIST_FIELDS = ("val_accuracy", "val_loss", "train_seconds", "flops", "params")
+FINALIST_FIELDS = ("val_accuracy", "val_loss", "train_seconds", *COSTS)
 # The code that made a client's files: the toolkit's version, plus the client pipeline's own number, bumped
 # when a change makes the same settings and data give another bundle (new training, export or metrics),
 # so a resume redoes the clients of older code even between releases
 # 2: the time budget stops the search and final training; 3: successive halving in rungs, plateau stop;
 # 4: the color training recipe (augmentation, weight decay, cosine schedule) and the chain's residual block;
 # 5: the finalists' rule keeps the search's warm start on a tie; 6: a finalist must have beaten the warm
-# start in the search; 7: validation at common.torch_utils.INFER_BATCH (its losses sum in another order)
-CODE_VERSION = f"{__version__}+client.7"
+# start in the search; 7: validation at common.torch_utils.INFER_BATCH (its losses sum in another order);
+# 8: the finalists' rule counts training memory as a cost, and Adam's update is fused (other rounding)
+CODE_VERSION = f"{__version__}+client.8"
 
 
 @dataclass(frozen=True, kw_only=True)

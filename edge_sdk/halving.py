@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["halving_rungs", "plateaued", "rank_finalists", "schedule_epochs"]
+__all__ = ["COSTS", "halving_rungs", "plateaued", "rank_finalists", "schedule_epochs"]
 
 
 def halving_rungs(finalists: int, shared_epochs: int, keep: float) -> list[tuple[int, int]]:
@@ -43,19 +43,26 @@ def schedule_epochs(finalists: int, shared_epochs: int, keep: float, final_epoch
     return sum(n * epochs for n, epochs in rungs) + max(0, final_epochs - shared)
 
 
+# what a finalist costs the device, in the budgets the search screens it against (edge_sdk.profiling.fits)
+COSTS = ("flops", "params", "train_memory_bytes")
+
+
 def rank_finalists(rows: Sequence[Mapping[str, Any]], n_val: int, incumbent: int | None = None) -> list[int]:
-    """Indices of ``rows`` (``val_accuracy``, ``val_loss``, ``flops``, ``params``), best first: the
+    """Indices of ``rows`` (``val_accuracy``, ``val_loss`` and the :data:`COSTS`), best first: the
     one-standard-error rule, with the hand-made design as the default.
 
     Rows within one binomial standard error of the best accuracy are the validation split's noise apart.
     Among them the search replaces ``incumbent`` (the row of the design it was warm-started from) only with
-    a finalist that costs the device no more in either budget it screens (FLOPs and parameters), cheapest
-    in FLOPs first; then the incumbent; then the other near rows by accuracy. The rungs decide a few epochs
-    into the training: a finalist that ties the incumbent there with fewer FLOPs but a wide dense head fits
-    fast and can end worse, so a tie is no reason to leave the design the search started from
-    (benchmarks/RESULTS.md, "the finalists' rule"). Without an incumbent among them (none, or it fell
-    out of the noise), the near rows go cheapest in FLOPs first: the device pays for every FLOP. The
-    other rows follow by accuracy (ties: lower loss, the search's order). The first index is the choice.
+    a finalist that costs the device no more in any budget it screens (FLOPs, parameters, training
+    memory), cheapest in FLOPs first; then the incumbent; then the other near rows by accuracy. The rungs
+    decide a few epochs into the training: a finalist that ties the incumbent there with fewer FLOPs but a
+    wide dense head fits fast and can end worse, so a tie is no reason to leave the design the search
+    started from (benchmarks/RESULTS.md, "the finalists' rule"). Training memory counts because it is
+    mostly saved activations, what a step reads and writes: a design with fewer FLOPs but wide maps at full
+    resolution trains slower than its FLOPs say (RESULTS.md, "The device's time, not only its FLOPs").
+    Without an incumbent among them (none, or it fell out of the noise), the near rows go cheapest in
+    FLOPs first: the device pays for every FLOP. The other rows follow by accuracy (ties: lower loss, the
+    search's order). The first index is the choice.
     """
     top = max(r["val_accuracy"] for r in rows)
     margin = math.sqrt(top * (1 - top) / max(n_val, 1))
@@ -72,10 +79,7 @@ def rank_finalists(rows: Sequence[Mapping[str, Any]], n_val: int, incumbent: int
     if incumbent is None or incumbent not in near:
         return sorted(near, key=cheap) + rest
     base = rows[incumbent]
-    cheaper = [
-        i for i in near
-        if i != incumbent and rows[i]["flops"] <= base["flops"] and rows[i]["params"] <= base["params"]
-    ]  # fmt: skip
+    cheaper = [i for i in near if i != incumbent and all(rows[i][c] <= base[c] for c in COSTS)]
     others = [i for i in near if i != incumbent and i not in cheaper]
     return [*sorted(cheaper, key=cheap), incumbent, *sorted(others, key=accurate), *rest]
 

@@ -161,7 +161,7 @@ class SearchConfig:
     augment: Augment = "auto"
     schedule: Schedule = "auto"
     weight_decay: float | None = None
-    search_budget: float | None = 0.25
+    search_budget: float | None = 0.125
     flop_cap: float | None = 1.0
 
     def __post_init__(self) -> None:

@@ -172,22 +172,26 @@ def _five_steps(make: Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer])
 
 
 @pytest.mark.parametrize(
-    ("ours", "loop"),
+    ("ours", "loop", "setting", "tolerance"),
     [
         (
             lambda ps: adam(ps, lr=1e-2, weight_decay=1e-3, betas=(0.5, 0.9)),
             lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3, betas=(0.5, 0.9), foreach=False),
+            "fused",
+            {"rtol": 1e-4, "atol": 1e-5},  # float32 rounding apart: 0.1 % of one step at lr 1e-2
         ),
         (
             lambda ps: sgd(ps, lr=1e-2, momentum=0.9),
             lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, foreach=False),
+            "foreach",
+            {"rtol": 1e-6, "atol": 1e-7},
         ),
     ],
     ids=["adam", "sgd"],
 )
-def test_the_optimizers_multi_tensor_update_gives_the_per_tensor_loops_numbers(ours, loop) -> None:
-    """adam() and sgd() only switch torch's update to its multi-tensor form (a speed setting): five steps of
-    a small conv net land where torch's per-tensor loop lands."""
-    assert ours([torch.zeros(1, requires_grad=True)]).defaults["foreach"] is True
+def test_the_fast_update_lands_where_the_per_tensor_loop_does(ours, loop, setting, tolerance) -> None:
+    """adam() and sgd() only switch torch's update to a faster form (a speed setting: fused, multi-tensor):
+    five steps of a small conv net land where torch's per-tensor loop lands."""
+    assert ours([torch.zeros(1, requires_grad=True)]).defaults[setting] is True
     for got, want in zip(_five_steps(ours), _five_steps(loop), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(got, want, **tolerance)

@@ -44,29 +44,40 @@ def test_halving_rungs_and_their_epochs() -> None:
 
 def test_rank_finalists_is_the_one_standard_error_rule() -> None:
     rows = [
-        {"val_accuracy": 0.990, "val_loss": 0.03, "flops": 300, "params": 9},
-        {"val_accuracy": 0.986, "val_loss": 0.04, "flops": 20, "params": 9},  # 0.4 under: within 1 SE of 400
-        {"val_accuracy": 0.970, "val_loss": 0.09, "flops": 5, "params": 9},  # 2 points under: out
+        {"val_accuracy": 0.990, "val_loss": 0.03, "flops": 300},
+        {"val_accuracy": 0.986, "val_loss": 0.04, "flops": 20},  # 0.4 under: within 1 SE of 400
+        {"val_accuracy": 0.970, "val_loss": 0.09, "flops": 5},  # 2 points under: out
     ]
+    rows = [r | {"params": 9, "train_memory_bytes": 1} for r in rows]
     assert rank_finalists(rows, 400) == [1, 0, 2]  # SE = sqrt(0.99 * 0.01 / 400) = 0.5 points
     assert rank_finalists(rows, 40_000) == [0, 1, 2]  # SE = 0.05 points: only the best is near
     assert rank_finalists([{**rows[0], "val_accuracy": 1.0}, rows[1]], 400) == [0, 1]
 
 
 def test_rank_finalists_keeps_the_incumbent_on_a_tie() -> None:
-    """Within the noise the search's warm start stays, unless a finalist costs no more in FLOPs and in
-    parameters; out of the noise it has no say."""
+    """Within the noise the search's warm start stays, unless a finalist costs no more in FLOPs, in
+    parameters and in training memory; out of the noise it has no say."""
+    mb = 2**20
     rows = [
-        {"val_accuracy": 0.750, "val_loss": 0.80, "flops": 13, "params": 3_161},  # fewer FLOPs, wide head
-        {"val_accuracy": 0.745, "val_loss": 0.77, "flops": 31, "params": 95},  # the warm start
-        {"val_accuracy": 0.748, "val_loss": 0.79, "flops": 74, "params": 138},  # costlier in both
-        {"val_accuracy": 0.700, "val_loss": 0.95, "flops": 5, "params": 11},  # out of the noise
-    ]
+        {"val_accuracy": 0.750, "val_loss": 0.80, "flops": 13, "params": 3_161, "train_memory_bytes": 9 * mb},
+        {"val_accuracy": 0.745, "val_loss": 0.77, "flops": 31, "params": 95, "train_memory_bytes": 8 * mb},
+        {"val_accuracy": 0.748, "val_loss": 0.79, "flops": 74, "params": 138, "train_memory_bytes": 9 * mb},
+        {"val_accuracy": 0.700, "val_loss": 0.95, "flops": 5, "params": 11, "train_memory_bytes": 2 * mb},
+    ]  # 0: fewer FLOPs, a wide head; 1: the warm start; 2: costlier in all; 3: out of the noise
     assert rank_finalists(rows, 1000) == [0, 1, 2, 3]  # SE = 1.4 points: no incumbent, cheapest first
     assert rank_finalists(rows, 1000, incumbent=1) == [1, 0, 2, 3]  # the tie stays with the warm start
-    cheaper = [*rows[:3], {**rows[3], "val_accuracy": 0.744}]  # now in the noise, cheaper in both
+    cheaper = [*rows[:3], {**rows[3], "val_accuracy": 0.744}]  # now in the noise, cheaper in all three
     assert rank_finalists(cheaper, 1000, incumbent=1) == [3, 1, 0, 2]
     assert rank_finalists(rows, 40_000, incumbent=1) == [0, 2, 1, 3]  # SE = 0.2 points: accuracy decides
+
+
+def test_rank_finalists_counts_training_memory_as_a_cost() -> None:
+    """A tie with fewer FLOPs and parameters but wide full-resolution maps (more training memory: the
+    activations a step reads and writes) does not replace the warm start; with less memory it does."""
+    warm = {"val_accuracy": 0.36, "val_loss": 1.9, "flops": 31, "params": 95, "train_memory_bytes": 35}
+    wide = {"val_accuracy": 0.37, "val_loss": 1.9, "flops": 11, "params": 47, "train_memory_bytes": 92}
+    assert rank_finalists([wide, warm], 500, incumbent=1) == [1, 0]
+    assert rank_finalists([{**wide, "train_memory_bytes": 35}, warm], 500, incumbent=1) == [0, 1]
 
 
 # validation accuracy after each epoch of three made-up finalists: c starts worst (and would end best),
@@ -92,6 +103,7 @@ def _fake_train_more(calls: list[tuple[str, int]]) -> Any:
             "train_seconds": float(done),
             "flops": FLOPS[arch],
             "params": PARAMS[arch],
+            "train_memory_bytes": 1,
             "final_epochs": done,
             "best_epoch": done,
             "plateau_stopped": False,
@@ -159,7 +171,7 @@ def test_final_epochs_and_plateau_follow_the_recipe() -> None:
     assert (plain.final_epochs, plain.plateau_patience) == (PLAIN_FINAL_EPOCHS, PLATEAU_PATIENCE)
     # a grayscale run records what it did before the rule existed, so its resume keys still match (all
     # but the search's FLOP budget and cap, later changes that redo the search)
-    assert plain.to_dict() == RECORD_DEFAULTS | {"search_budget": 0.25, "flop_cap": 1.0}
+    assert plain.to_dict() == RECORD_DEFAULTS | {"search_budget": 0.125, "flop_cap": 1.0}
     rich = PSOConfig().for_input(color)  # crop-flip and a cosine rate: more epochs, no plateau stop
     assert (rich.final_epochs, rich.plateau_patience) == (AUGMENTED_FINAL_EPOCHS, 0)
     assert AUGMENTED_FINAL_EPOCHS > PLAIN_FINAL_EPOCHS

@@ -486,7 +486,7 @@ def test_record_keeps_the_single_config_shape() -> None:
     # the fields added since: an old record had no budget and no cap; PSO's finalists must beat the warm start
     added = {"search_budget": None, "finalists_beat_warm": True, "flop_cap": None}
     assert old_default | added == RECORD_DEFAULTS
-    now = {"search_budget": 0.25, "flop_cap": 1.0}
+    now = {"search_budget": 0.125, "flop_cap": 1.0}
     current = {key: (old_default | added | now)[key] for key in RECORD_DEFAULTS}
     assert PSOConfig().for_input(gray).to_dict() == current
     assert list(PSOConfig().for_input(gray).to_dict()) == list(current)
