@@ -54,8 +54,8 @@ class PSOConfig(SearchConfig):
         finalist_share: successive halving of the finalists: this share of the final epochs (at least
             one) is spread over the rungs of the halving on the whole training split, and the last
             finalist goes on to all of them: of those within one standard error of the most accurate on
-            validation, the warm start unless another costs no more FLOPs and parameters, else the
-            cheapest in FLOPs. 1.0 with no halving trains every finalist fully.
+            validation, the warm start unless another costs no more FLOPs, parameters and training
+            memory, else the cheapest in FLOPs. 1.0 with no halving trains every finalist fully.
         finalist_keep: the share of the finalists that goes on after each rung of the halving: 0.5
             with three finalists trains all three one epoch, the best two a second, and the best of
             those on; 0 decides among all of them at once.
