@@ -42,7 +42,10 @@ def check_precision(precision: object) -> str:
 
 def native_bf16(device: str | torch.device = "cpu") -> bool:
     """Whether ``device`` computes bfloat16 dot products in hardware (CUDA: compute capability 8+;
-    x86 CPU: AVX512-BF16 or AMX-BF16, as torch's CPU feature probe reports them)."""
+    x86 CPU: AVX512-BF16 or AMX-BF16, as torch's CPU feature probe reports them, and oneDNN, which runs
+    the convolutions, allowed to use them: ``ONEDNN_MAX_CPU_ISA=AVX2``, the way to stand in for an
+    AVX2-only CPU, forbids them, and bfloat16 then falls back to emulated kernels many times slower
+    than float32)."""
     return _native_bf16(torch.device(device).type)
 
 
@@ -59,7 +62,16 @@ def _native_bf16(kind: str) -> bool:
         features = probe()
     except RuntimeError:
         return False
-    return bool(features.get("avx512_bf16") or features.get("amx_bf16"))
+    return bool(features.get("avx512_bf16") or features.get("amx_bf16")) and _onednn_bf16()
+
+
+def _onednn_bf16() -> bool:
+    """oneDNN's own answer (it honours ``ONEDNN_MAX_CPU_ISA``); private in torch, hence the fallback."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(torch.backends.mkldnn.is_available() and probe is not None and probe())
+    except RuntimeError:
+        return False
 
 
 def resolve_precision(precision: str, device: str | torch.device = "cpu") -> str:

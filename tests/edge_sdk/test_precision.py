@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from common.errors import ConfigError
 from edge_sdk.precision import PRECISIONS, autocast, check_precision, native_bf16, resolve_precision
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("bad", ["fp16", "BF16", None, 32])
@@ -28,3 +35,12 @@ def test_context_computes_matmuls_in_its_precision(precision: str, dtype: torch.
     with autocast(precision, "cpu"):
         assert (a @ b).dtype == dtype
     assert (a @ b).dtype == torch.float32  # nothing leaks past the block
+
+
+def test_auto_is_float32_where_onednn_may_not_use_bfloat16() -> None:
+    """Held to AVX2 (how the toolkit stands in for an AVX2-only CPU) a bfloat16 CPU emulates bfloat16 in
+    slow kernels, so ``auto`` must not pick it there, whatever the CPU's own flags say."""
+    code = "from edge_sdk.precision import resolve_precision; print(resolve_precision('auto', 'cpu'))"
+    env = os.environ | {"ONEDNN_MAX_CPU_ISA": "AVX2", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "fp32"
