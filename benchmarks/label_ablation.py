@@ -15,6 +15,11 @@ variant and writes them all, with the teacher ensemble's ceilings on the real te
 * ``mean``: argmax of the mean consensus; ``label_weighted``: each teacher's vote for class c scaled by its
   share of c; ``label_weighted_masked``: the same with each teacher's softmax over its own classes;
   ``oracle``: some teacher is right.
+
+``--real N`` is a diagnostic, never the server's path: the synthetic set is replaced by N real training images
+of the clients (pooled from ``RUN/data/client_*.npz``, drawn with ``--seed``), labelled by the same vote and
+distilled the same way, so the gap between its row and a synthetic row is what synthesis loses and the gap
+between its row and the label-weighted ceiling is what the distillation loses. The true labels are not used.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from edge_sdk.train import to_float
 from export.atomic import atomic_write_json
 from server_kit.aggregate_config import AggregateConfig
 from server_kit.labelling import label, top_up
-from server_kit.synthesis import synthesize, with_views
+from server_kit.synthesis import Synthesis, SyntheticSet, synthesize, with_views
 from server_kit.teachers import Federation, split_kinds, without_clones
 from server_kit.teachers.abstain import own_probability
 from server_kit.teachers.counts import class_shares, held_classes
@@ -116,6 +121,21 @@ def ceilings(fed: Federation, x: torch.Tensor, y: torch.Tensor) -> dict[str, flo
     return out
 
 
+def real_images(run: Path, fed: Federation, n: int, seed: int) -> Synthesis:
+    """``n`` of the clients' own training images as the "synthetic" set (see the module docstring)."""
+    xs = [load_client_data(path).x for path in sorted((run / "data").glob("client_*.npz"))]
+    pool = torch.cat([torch.as_tensor(x) for x in xs])
+    pick = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[:n]
+    part = SyntheticSet(
+        x=to_float(pool[pick]),
+        teacher=torch.full((len(pick),), -1, dtype=torch.long),
+        target_class=torch.zeros(len(pick), dtype=torch.long),  # no class was asked for: only the vote labels
+    )
+    counts = [list(map(int, c)) for c in fed.label_counts]
+    report = {"synthetic_sources": {"real": len(part)}, "claims": None}
+    return Synthesis(synthetic=part, parts={"real": part}, label_counts=counts, seconds={}, report=report)
+
+
 @torch.no_grad()
 def per_class_accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> list:
     pred = torch.cat([model(x[i : i + 1024]).argmax(1) for i in range(0, len(x), 1024)])
@@ -130,6 +150,7 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], help="name[:section.field=value,...]")
     parser.add_argument("--bundles", nargs="+", help="bundle files instead of RUN/clients/client_*.bundle")
     parser.add_argument("--ceilings-only", action="store_true", help="the teachers' ceilings, no variant")
+    parser.add_argument("--real", type=int, help="diagnostic: N real client images instead of synthesis")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--work", help="work directory (inversion chunks); default RUN/ablation")
@@ -137,6 +158,8 @@ def main() -> None:
         "--out", help="JSON of every row; default benchmarks/results/label_ablation_<run>.json"
     )
     args = parser.parse_args()
+    if args.real is not None and args.real < 1:
+        parser.error(f"--real must be a positive number of images, got {args.real}")
     torch.set_num_threads(args.threads)
     run = Path(args.run)
     work = Path(args.work) if args.work else run / "ablation"
@@ -165,6 +188,10 @@ def main() -> None:
     for spec in args.variant or ["default"]:
         name, config = variant_config(spec, args.seed)
         config = config.for_task(fed.input_shape)  # the server's auto settings, as aggregate decides them
+        if args.real:  # a real image was made for no class: nothing to mismatch
+            config = dataclasses.replace(
+                config, labels=dataclasses.replace(config.labels, drop_mismatch=False)
+            )
         key = json.dumps(
             [
                 paths,
@@ -178,7 +205,9 @@ def main() -> None:
             ]
         )
         t0 = time.perf_counter()
-        if key not in cache:
+        if args.real and key not in cache:
+            cache[key] = real_images(run, fed, args.real, config.seed)
+        elif key not in cache:
             # one work folder per synthesis (the server writes through no link, so chunks are not shared
             # between syntheses by linking one folder into another)
             tag = "synth_" + hashlib.sha256(key.encode()).hexdigest()[:12]
