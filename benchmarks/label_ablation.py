@@ -20,6 +20,9 @@ variant and writes them all, with the teacher ensemble's ceilings on the real te
 of the clients (pooled from ``RUN/data/client_*.npz``, drawn with ``--seed``), labelled by the same vote and
 distilled the same way, so the gap between its row and a synthetic row is what synthesis loses and the gap
 between its row and the label-weighted ceiling is what the distillation loses. The true labels are not used.
+Every row also holds ``fidelity``: how often the student's class is the vote's, on the images it was distilled
+on and on the test images, and that vote's own accuracy there (the vote at the distillation's temperature,
+which the ceilings' rules, at temperature 1, are not).
 """
 
 from __future__ import annotations
@@ -121,19 +124,31 @@ def ceilings(fed: Federation, x: torch.Tensor, y: torch.Tensor) -> dict[str, flo
     return out
 
 
+def as_synthesis(x: torch.Tensor, fed: Federation) -> Synthesis:
+    """Real float images in the place of a synthetic set: made for no class, so only the vote labels."""
+    part = SyntheticSet(
+        x=x,
+        teacher=torch.full((len(x),), -1, dtype=torch.long),
+        target_class=torch.zeros(len(x), dtype=torch.long),
+    )
+    counts = [list(map(int, c)) for c in fed.label_counts]
+    report = {"synthetic_sources": {"real": len(part)}, "claims": None}
+    return Synthesis(synthetic=part, parts={"real": part}, label_counts=counts, seconds={}, report=report)
+
+
 def real_images(run: Path, fed: Federation, n: int, seed: int) -> Synthesis:
     """``n`` of the clients' own training images as the "synthetic" set (see the module docstring)."""
     xs = [load_client_data(path).x for path in sorted((run / "data").glob("client_*.npz"))]
     pool = torch.cat([torch.as_tensor(x) for x in xs])
     pick = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[:n]
-    part = SyntheticSet(
-        x=to_float(pool[pick]),
-        teacher=torch.full((len(pick),), -1, dtype=torch.long),
-        target_class=torch.zeros(len(pick), dtype=torch.long),  # no class was asked for: only the vote labels
-    )
-    counts = [list(map(int, c)) for c in fed.label_counts]
-    report = {"synthetic_sources": {"real": len(part)}, "claims": None}
-    return Synthesis(synthetic=part, parts={"real": part}, label_counts=counts, seconds={}, report=report)
+    return as_synthesis(to_float(pool[pick]), fed)
+
+
+@torch.no_grad()
+def fidelity(student: torch.nn.Module, x: torch.Tensor, targets: torch.Tensor) -> float:
+    """How often the student's class is the vote's (the distillation's fidelity, Stanton et al. 2021)."""
+    pred = torch.cat([student(x[i : i + 1024]).argmax(1) for i in range(0, len(x), 1024)])
+    return float((pred == targets.argmax(1)).float().mean())
 
 
 @torch.no_grad()
@@ -220,6 +235,13 @@ def main() -> None:
         synthesis, labels = top_up(fed, synthesis, labels, config.labelling_config())
         t_label = time.perf_counter() - t0
         training = train_global(fed, synthesis, labels, config.training_config(), teachers=teachers)
+        # the vote the student learned, on the test images (unmirrored, nothing dropped): how faithfully the
+        # student copies it there, against on the images it was distilled on
+        no_drop = dataclasses.replace(config.labels, drop_mismatch=False)
+        test_vote = label(
+            fed, as_synthesis(x_test, fed), dataclasses.replace(config.labelling_config(), labels=no_drop)
+        )
+        keep = labels.keep
         per_class = per_class_accuracy(training.student, x_test, y_test, fed.num_classes)
         acc = float(
             sum(per_class[c] * int((y_test == c).sum()) for c in range(fed.num_classes)) / len(y_test)
@@ -231,6 +253,11 @@ def main() -> None:
             "accuracy": acc,
             "per_class_accuracy": per_class,
             "min_class_accuracy": min(per_class),
+            "fidelity": {
+                "transfer": fidelity(training.student, synthesis.synthetic.x[keep], labels.targets[keep]),
+                "test": fidelity(training.student, x_test, test_vote.targets),
+                "vote_test_accuracy": float((test_vote.targets.argmax(1) == y_test).float().mean()),
+            },
             "labels": labels.report,
             "synthetic_sources": synthesis.report["synthetic_sources"],
             "claims": synthesis.report["claims"],
@@ -238,7 +265,11 @@ def main() -> None:
             "seconds": {"synthesis": t_synth, "labels": t_label, **training.seconds},
             "config": config.to_dict(),
         }
-        print(name, json.dumps({k: rows[name][k] for k in ("accuracy", "min_class_accuracy")}), flush=True)
+        print(
+            name,
+            json.dumps({k: rows[name][k] for k in ("accuracy", "min_class_accuracy", "fidelity")}),
+            flush=True,
+        )
         atomic_write_json(out, rows)
 
 
