@@ -144,16 +144,27 @@ def real_images(run: Path, fed: Federation, n: int, seed: int) -> Synthesis:
     return as_synthesis(to_float(pool[pick]), fed)
 
 
+def without_drop(config: AggregateConfig) -> AggregateConfig:
+    """``config`` keeping every sample the vote labels: a real image was made for no class, so there is
+    no target class for the vote to mismatch."""
+    return dataclasses.replace(config, labels=dataclasses.replace(config.labels, drop_mismatch=False))
+
+
 @torch.no_grad()
-def fidelity(student: torch.nn.Module, x: torch.Tensor, targets: torch.Tensor) -> float:
+def predictions(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([model(x[i : i + 1024]).argmax(1) for i in range(0, len(x), 1024)])
+
+
+def fidelity(pred: torch.Tensor, targets: torch.Tensor) -> float:
     """How often the student's class is the vote's (the distillation's fidelity, Stanton et al. 2021)."""
-    pred = torch.cat([student(x[i : i + 1024]).argmax(1) for i in range(0, len(x), 1024)])
     return float((pred == targets.argmax(1)).float().mean())
 
 
-@torch.no_grad()
 def per_class_accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> list:
-    pred = torch.cat([model(x[i : i + 1024]).argmax(1) for i in range(0, len(x), 1024)])
+    return class_accuracies(predictions(model, x), y, num_classes)
+
+
+def class_accuracies(pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> list:
     return [float((pred[y == c] == c).float().mean()) for c in range(num_classes)]
 
 
@@ -203,10 +214,8 @@ def main() -> None:
     for spec in args.variant or ["default"]:
         name, config = variant_config(spec, args.seed)
         config = config.for_task(fed.input_shape)  # the server's auto settings, as aggregate decides them
-        if args.real:  # a real image was made for no class: nothing to mismatch
-            config = dataclasses.replace(
-                config, labels=dataclasses.replace(config.labels, drop_mismatch=False)
-            )
+        if args.real:
+            config = without_drop(config)
         key = json.dumps(
             [
                 paths,
@@ -237,12 +246,10 @@ def main() -> None:
         training = train_global(fed, synthesis, labels, config.training_config(), teachers=teachers)
         # the vote the student learned, on the test images (unmirrored, nothing dropped): how faithfully the
         # student copies it there, against on the images it was distilled on
-        no_drop = dataclasses.replace(config.labels, drop_mismatch=False)
-        test_vote = label(
-            fed, as_synthesis(x_test, fed), dataclasses.replace(config.labelling_config(), labels=no_drop)
-        )
+        test_vote = label(fed, as_synthesis(x_test, fed), without_drop(config).labelling_config())
         keep = labels.keep
-        per_class = per_class_accuracy(training.student, x_test, y_test, fed.num_classes)
+        test_pred = predictions(training.student, x_test)
+        per_class = class_accuracies(test_pred, y_test, fed.num_classes)
         acc = float(
             sum(per_class[c] * int((y_test == c).sum()) for c in range(fed.num_classes)) / len(y_test)
         )
@@ -254,8 +261,10 @@ def main() -> None:
             "per_class_accuracy": per_class,
             "min_class_accuracy": min(per_class),
             "fidelity": {
-                "transfer": fidelity(training.student, synthesis.synthetic.x[keep], labels.targets[keep]),
-                "test": fidelity(training.student, x_test, test_vote.targets),
+                "transfer": fidelity(
+                    predictions(training.student, synthesis.synthetic.x[keep]), labels.targets[keep]
+                ),
+                "test": fidelity(test_pred, test_vote.targets),
                 "vote_test_accuracy": float((test_vote.targets.argmax(1) == y_test).float().mean()),
             },
             "labels": labels.report,
