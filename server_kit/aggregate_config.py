@@ -28,6 +28,7 @@ from server_kit.synthesis import (
 )
 from server_kit.teachers import BudgetConfig, Phase, server_phases
 from server_kit.training import AdversarialConfig, DistillConfig, FusionConfig, TrainingConfig
+from server_kit.training.distill import COLOR_MIX
 
 __all__ = ["COLOR_STUDENT", "DEFAULT_STUDENT", "AggregateConfig"]
 
@@ -41,11 +42,12 @@ COLOR_STUDENT = "C16k3-R16k3-P-R32k3-P-R64k3-P-F10"
 
 _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
     # epochs decided by the images (DistillConfig.for_images): 10 on one-channel ones, where 20 gave the
-    # same MNIST uploads no better a student, for twice the time (benchmarks/RESULTS.md, "Speed")
-    "fast": dict(epochs=None, batch_size=64, lr=1e-3, tau=4.0),
+    # same MNIST uploads no better a student, for twice the time (benchmarks/RESULTS.md, "Speed"); the
+    # mixtures decided by the images too (AggregateConfig.for_task)
+    "fast": dict(epochs=None, batch_size=64, lr=1e-3, tau=4.0, mix=None),
     # The paper fixes tau = 4 and (client side) Adam 1e-3, batch 64; E_distill is not given: 50 epochs.
-    # No weight average: the paper keeps the student's last weights.
-    "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0, average=0.0),
+    # No weight average: the paper keeps the student's last weights; no mixtures.
+    "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0, average=0.0, mix=0.0),
 }
 
 
@@ -237,6 +239,27 @@ class AggregateConfig:
                 "adversarial distillation refines a consensus-distilled student: drop "
                 "hard_labels / fusion, or set adversarial=None"
             )
+        clashes = self._mix_clashes()
+        if self.distill.mix and clashes:
+            raise ConfigError(
+                "distill.mix labels mixtures of synthetic images by the unconditioned soft vote of "
+                f"consensus distillation, which {', '.join(clashes)} replaces: set distill.mix=0 or drop them"
+            )
+
+    def _mix_clashes(self) -> list[str]:
+        """What the mixtures (labelled by the soft, unconditioned vote of consensus distillation) cannot
+        run with: hard labels, fusion, the adversarial rounds (whose passes do not mix), or a rule that
+        needs the class a sample was made for."""
+        return [
+            name
+            for name, on in (
+                ("hard_labels", self.hard_labels),
+                ("fusion", self.fusion is not None),
+                ("adversarial", self.adversarial is not None),
+                ("labels.rule=conditioned", self.labels.rule == "conditioned"),
+            )
+            if on
+        ]
 
     @property
     def decoder(self) -> DecoderConfig:
@@ -363,8 +386,16 @@ class AggregateConfig:
             synth=synth,
             views=views,
             inversion=self.inversion.for_images(input_shape),
-            distill=self.distill.for_images(input_shape),
+            distill=self._distill_for(color).for_images(input_shape),
         )
+
+    def _distill_for(self, color: bool) -> DistillConfig:
+        """The distillation with ``mix`` decided where None: :data:`COLOR_MIX` on color images where
+        nothing clashes with the mixtures, else off."""
+        if self.distill.mix is not None:
+            return self.distill
+        mix = COLOR_MIX if color and not self._mix_clashes() else 0.0
+        return replace(self.distill, mix=mix)
 
     def to_dict(self, device: torch.device | None = None) -> dict[str, Any]:
         """The config as JSON, with the precision that runs on ``device`` (the run's resolved device;

@@ -44,6 +44,7 @@ __all__ = [
     "consensus",
     "label_synthetic",
     "teacher_probs",
+    "unconditioned_vote",
 ]
 
 LabelRule = Literal["mean", "label-weighted", "conditioned"]
@@ -250,6 +251,38 @@ def consensus(
         precision=precision,
     )  # fmt: skip
     return votes[0].float()
+
+
+def unconditioned_vote(
+    modules: Sequence[nn.Module],
+    x: Tensor,
+    label_counts: Sequence[Sequence[int]] | Tensor,
+    *,
+    config: LabelConfig,
+    tau: float,
+    decoder_only_counts: Sequence[Sequence[int]] | Tensor | None = None,
+    device: str | torch.device = "cpu",
+    precision: str = "auto",
+) -> Tensor:
+    """N x L float32: ``config.rule``'s vote on images made for no class (mixtures of two synthetic
+    images), with its mask, shares and abstention; the conditioned rule needs the class, and is refused."""
+    if config.rule == "conditioned":
+        raise ConfigError(
+            "the conditioned rule weighs teachers by the class a sample was made for, and a mixture has "
+            "none: use the label-weighted or mean rule"
+        )
+    counts = check_label_counts(label_counts)
+    others = decoder_only_counts if config.shares == "federation" else None
+    return consensus(
+        modules,
+        x,
+        tau=tau,
+        class_weights=class_shares(counts, others) if config.rule == "label-weighted" else None,
+        held=held_classes(counts) if config.mask else None,
+        device=device,
+        abstain=config.abstain,
+        precision=precision,
+    )
 
 
 def label_synthetic(

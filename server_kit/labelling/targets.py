@@ -3,7 +3,7 @@ class a sample was made for (its source labelled by construction), and how well 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -12,11 +12,11 @@ from torch import Tensor
 
 from common.torch_utils import INFER_BATCH
 from edge_sdk.precision import autocast, resolve_precision
-from server_kit.labelling.labels import LabelConfig, Labels, label_synthetic
+from server_kit.labelling.labels import LabelConfig, Labels, label_synthetic, unconditioned_vote
 from server_kit.synthesis import DecoderConfig, Synthesis, SyntheticSet
 from server_kit.teachers import Federation, unpaired_counts
 
-__all__ = ["LabellingConfig", "agreement", "label", "vote_labels"]
+__all__ = ["LabellingConfig", "agreement", "label", "mixture_labeller", "vote_labels"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +55,29 @@ def label(fed: Federation, synthesis: Synthesis, config: LabellingConfig) -> Lab
     return vote_labels(fed, synthetic.x, synthetic.target_class, by_construction, synthesis, config)
 
 
+def _decoder_only_counts(synthesis: Synthesis, labels: LabelConfig) -> Tensor | None:
+    """The checked counts of the devices that sent only a decoder, where the shares count them."""
+    if labels.shares == "federation" and synthesis.decoders is not None:
+        return unpaired_counts(synthesis.label_counts, synthesis.decoders.label_counts)
+    return None
+
+
+def mixture_labeller(
+    fed: Federation, synthesis: Synthesis, labels: LabelConfig, *, tau: float, precision: str
+) -> Callable[[Tensor], Tensor]:
+    """The vote that labels the distillation's mixtures of synthetic images (``DistillConfig.mix``): the
+    same rule, counts and temperature as the set's own labels, without a class to condition on."""
+    others = _decoder_only_counts(synthesis, labels)
+
+    def relabel(x: Tensor) -> Tensor:
+        return unconditioned_vote(
+            fed.modules, x, synthesis.label_counts, config=labels, tau=tau, decoder_only_counts=others,
+            device=fed.device, precision=precision,
+        )  # fmt: skip
+
+    return relabel
+
+
 def vote_labels(
     fed: Federation,
     x: Tensor,
@@ -66,9 +89,7 @@ def vote_labels(
     """The teachers' vote on every sample (with drop_mismatch it also drops a constructed sample the
     teachers do not call its class: a blurry decode, or a decoder that lies about its labels); a
     constructed sample's target is ``construction_weight`` on its class, the rest on the vote."""
-    others = None  # the checked counts of the devices that sent only a decoder, where the shares count them
-    if config.labels.shares == "federation" and synthesis.decoders is not None:
-        others = unpaired_counts(synthesis.label_counts, synthesis.decoders.label_counts)
+    others = _decoder_only_counts(synthesis, config.labels)
     votes = label_synthetic(
         fed.modules,
         x,

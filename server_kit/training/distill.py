@@ -8,6 +8,7 @@ minimises KL(targets || softmax(student / tau)) over the synthetic set.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, get_args
 
@@ -27,10 +28,12 @@ from edge_sdk.train import cosine_scheduler, kd_loss
 __all__ = [
     "COLOR_AVERAGE",
     "COLOR_EPOCHS",
+    "COLOR_MIX",
     "PLAIN_AVERAGE",
     "PLAIN_EPOCHS",
     "DistillConfig",
     "distill",
+    "mixed",
     "random_shift",
 ]
 
@@ -44,6 +47,11 @@ COLOR_EPOCHS = 30
 # weight average")
 PLAIN_AVERAGE = 0.1
 COLOR_AVERAGE = 0.0
+# The share of each batch mixed (``mix``) where the server leaves it undecided: half on color images, where
+# the student copies the teachers' vote on real images far less often than on its synthetic ones and the
+# mixtures lifted it; off for one-channel images, where the student already beats the vote (benchmarks/
+# RESULTS.md, "Mixtures of the synthetic images")
+COLOR_MIX = 0.5
 DistillSchedule = Literal["constant", "cosine"]
 DISTILL_SCHEDULES: tuple[str, ...] = get_args(DistillSchedule)
 
@@ -74,6 +82,11 @@ class DistillConfig:
     # real images; 0 keeps the last weights; none: on for one-channel images, off for color ones, where
     # it has not helped
     average: float | None = None
+    # this share of every batch is replaced by mixtures of two of its images (weights drawn uniformly),
+    # labelled on the fly by the teachers' vote: a fixed synthetic set covers little of what lies
+    # between its images, and the student learns the teachers' function there too; 0 is off
+    # none: decided by the server's config (AggregateConfig.for_task), else off
+    mix: float | None = 0.0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -102,23 +115,34 @@ class DistillConfig:
                 "last weights"
             )
 
+        if self.mix is not None and not (is_number(self.mix) and 0 <= self.mix <= 1):
+            raise ConfigError(f"mix must be a share of the batch in [0, 1], got {self.mix!r}; fix: 0 is off")
+        if self.mix and self.hard_labels:
+            raise ConfigError(
+                "mix labels its mixtures by the teachers' soft vote, which hard_labels replaces: set mix=0 "
+                "or hard_labels=False"
+            )
+
     def for_images(self, input_shape: tuple[int, ...]) -> DistillConfig:
         """``epochs`` and ``average`` decided where None, by the images
-        (:func:`edge_sdk.augment.is_color`)."""
+        (:func:`edge_sdk.augment.is_color`); ``mix`` left None is off here (the mixtures need the teachers'
+        vote, which the server's config decides over)."""
         color = is_color(input_shape)
         epochs = self.epochs if self.epochs is not None else COLOR_EPOCHS if color else PLAIN_EPOCHS
         average = self.average if self.average is not None else COLOR_AVERAGE if color else PLAIN_AVERAGE
-        return replace(self, epochs=epochs, average=average)
+        return replace(self, epochs=epochs, average=average, mix=self.mix or 0.0)
 
     def to_dict(self) -> dict[str, object]:
-        """The fields; ``flip`` only when on and ``schedule`` only when not constant, so reports made
-        before they existed match on resume. ``average`` always: a report made before it kept the last
+        """The fields; ``flip`` and ``mix`` only when on and ``schedule`` only when not constant, so reports
+        made before they existed match on resume. ``average`` always: a report made before it kept the last
         weights, and a resume redoes it rather than assume so."""
         out = asdict(self)
         if not out["flip"]:
             del out["flip"]
         if out["schedule"] == "constant":
             del out["schedule"]
+        if not out["mix"] and out["mix"] is not None:
+            del out["mix"]
         return out
 
 
@@ -171,6 +195,22 @@ def random_shift(x: Tensor, fraction: float, generator: torch.Generator) -> Tens
     return picked.gather(3, cols.expand(n, x.shape[1], h, w))
 
 
+def mixed(
+    x: Tensor, targets: Tensor, share: float, relabel: Callable[[Tensor], Tensor], generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """The batch with its first ``share`` of images replaced by mixtures lam * x_i + (1 - lam) * x_j
+    (j drawn from the batch, lam uniform in [0, 1], both from ``generator`` on the CPU) and their targets
+    by ``relabel`` of the mixtures (N x L probabilities)."""
+    m = round(share * x.shape[0])
+    if m == 0:
+        return x, targets
+    partner = torch.randint(x.shape[0], (m,), generator=generator).to(x.device)
+    lam = torch.rand((m, 1, 1, 1), generator=generator).to(x.device, x.dtype)
+    mixes = lam * x[:m] + (1 - lam) * x[partner]
+    votes = relabel(mixes).to(targets.device, targets.dtype)
+    return torch.cat([mixes, x[m:]]), torch.cat([votes, targets[m:]])
+
+
 def distill(
     student: nn.Module,
     x: Tensor,
@@ -181,6 +221,7 @@ def distill(
     device: str | torch.device = "cpu",
     progress: bool = False,
     precision: str = "auto",
+    relabel: Callable[[Tensor], Tensor] | None = None,
 ) -> list[float]:
     """Train ``student`` in place on (x, targets); returns the mean loss of every epoch.
 
@@ -190,6 +231,7 @@ def distill(
     left in eval mode, its convolution weights channels-last (oneDNN's fast layout on CPU; same values).
     Forward passes run at ``precision`` (:mod:`edge_sdk.precision`); the loss and Adam in float32.
     With ``config.average`` the student ends with the moving average of its weights (see the field).
+    ``relabel`` (the teachers' vote on images made for no class) labels the mixtures of ``config.mix``.
     """
     n = x.shape[0]
     if n < 2:
@@ -203,7 +245,9 @@ def distill(
             "soft distillation needs float N x L targets (use hard_labels=True for class indices)"
         )
     config = config.for_images(tuple(x.shape[1:]))  # undecided epochs and average: by the images' channels
-    assert config.epochs is not None and config.average is not None
+    assert config.epochs is not None and config.average is not None and config.mix is not None
+    if config.mix > 0 and relabel is None:
+        raise ConfigError("mix needs the teachers' vote to label its mixtures: pass relabel, or set mix=0")
     # the optimizer steps of the whole run, which the schedule and the average are sized by
     steps = batches_per_epoch(n, config.batch_size, lone_last="drop") * config.epochs
     dev = resolve_device(device)
@@ -220,11 +264,15 @@ def distill(
         if config.flip:
             mirror = (torch.rand((len(xb),), generator=gen) < 0.5).to(xb.device)
             xb = torch.where(mirror.view(-1, 1, 1, 1), xb.flip(3), xb)
+        yb = y_dev[idx]
+        if config.mix > 0:
+            assert relabel is not None
+            xb, yb = mixed(xb, yb, config.mix, relabel, gen)
         with autocast(precision, dev):
             logits = student(xb).float()  # B x L
         if config.hard_labels:
-            return F.cross_entropy(logits, y_dev[idx])
-        return kd_loss(logits, y_dev[idx], config.tau)
+            return F.cross_entropy(logits, yb)
+        return kd_loss(logits, yb, config.tau)
 
     average = _WeightAverage(student, config.average * steps) if config.average > 0 else None
     with seeded(seed, dev):  # the Dropout stream

@@ -15,7 +15,7 @@ from common.timing import timed
 from edge_sdk.data import deploy_metadata_for
 from edge_sdk.models.arch import build_model, parse_arch, with_num_classes
 from export.onnx_export import export_onnx
-from server_kit.labelling import LabelConfig, Labels
+from server_kit.labelling import LabelConfig, Labels, mixture_labeller
 from server_kit.synthesis import GeneratorConfig, Synthesis
 from server_kit.teachers import Federation, Teacher
 from server_kit.training.adversarial import AdversarialConfig, adversarial_distill
@@ -137,6 +137,11 @@ def _start(
     targets = synthesis.synthetic.target_class[keep] if hard else labels.targets[keep]
     with seeded(config.seed):  # weight init draws from the global RNG: scope and seed it
         student = build_model(spec, fed.input_shape, fed.num_classes)
+    relabel = None
+    if config.distill.mix > 0:  # the mixtures are labelled by the same vote as the set
+        relabel = mixture_labeller(
+            fed, synthesis, config.labels, tau=config.distill.tau, precision=config.precision
+        )
     losses = distill(
         student,
         synthesis.synthetic.x[keep],
@@ -146,6 +151,7 @@ def _start(
         device=fed.device,
         progress=progress,
         precision=config.precision,
+        relabel=relabel,
     )
     return student, spec, "consensus-distillation", losses
 

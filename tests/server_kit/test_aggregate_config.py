@@ -16,6 +16,7 @@ from server_kit.aggregate_config import AggregateConfig
 from server_kit.cli import main
 from server_kit.labelling.labels import LabelConfig
 from server_kit.training.adversarial import AdversarialConfig
+from server_kit.training.distill import DistillConfig
 from server_kit.training.fusion import FusionConfig
 from tests.server_kit.test_aggregate import bundles  # noqa: F401
 from tests.server_kit.test_server_cli import TINY
@@ -29,6 +30,7 @@ CONFIGS = {
         decoder_temperature=0.9,
         decoder_weighting="federation",
     ),
+    "mix": AggregateConfig(distill=DistillConfig(epochs=None, mix=0.5)),
     "adversarial": AggregateConfig(
         adversarial=AdversarialConfig(rounds=2),
         labels=LabelConfig(rule="mean"),

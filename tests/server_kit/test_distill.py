@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -19,6 +20,7 @@ from server_kit.training.distill import (
     PLAIN_EPOCHS,
     DistillConfig,
     distill,
+    mixed,
 )
 
 SHAPE = (1, 8, 8)
@@ -185,6 +187,9 @@ def test_distill_validation():
         ({"average": 1.5}, "average"),
         ({"average": -0.1}, "average"),
         ({"average": "on"}, "average"),
+        ({"mix": 1.5}, "mix"),
+        ({"mix": -0.1}, "mix"),
+        ({"mix": 0.5, "hard_labels": True}, "hard_labels"),
     ],
 )
 def test_distill_config_validation(overrides, match):
@@ -206,3 +211,56 @@ def test_random_shift_translates_each_image_within_the_bound():
     assert torch.equal(random_shift(x, 0.05, torch.Generator()), x)  # under one pixel: unchanged
     with pytest.raises(ConfigError, match="shift"):
         DistillConfig(epochs=1, shift=0.5)
+
+
+# ------------------------------------------------------------------------------------------- mix
+
+
+def test_mixed_replaces_a_share_of_the_batch_by_mixtures_the_vote_labels():
+    x, targets = images(10), torch.full((10, L), 1.0 / L)
+    seen: list[torch.Tensor] = []
+
+    def relabel(m: torch.Tensor) -> torch.Tensor:
+        seen.append(m)
+        return F.one_hot(torch.zeros(len(m), dtype=torch.int64), L).float()
+
+    out_x, out_t = mixed(x, targets, 0.5, relabel, torch.Generator().manual_seed(0))
+    [mixes] = seen
+    assert mixes.shape == (5, *SHAPE) and torch.equal(out_x[:5], mixes) and torch.equal(out_x[5:], x[5:])
+    assert (out_t[:5, 0] == 1).all() and torch.equal(out_t[5:], targets[5:])
+    flat, mixes_flat = x.flatten(1), mixes.flatten(1)
+    for i in range(5):  # each mixture lies on the segment from its image to some image of the batch
+        d = flat[i] - flat  # 10 directions x_i - x_j
+        lam = ((mixes_flat[i] - flat) * d).sum(1) / d.square().sum(1).clamp_min(1e-12)
+        residual = (flat + lam.unsqueeze(1) * d - mixes_flat[i]).abs().amax(1)
+        on = (residual < 1e-5) & (lam >= -1e-6) & (lam <= 1 + 1e-6)
+        assert on.any()
+    again, _ = mixed(x, targets, 0.5, relabel, torch.Generator().manual_seed(0))
+    assert torch.equal(again, out_x)  # the partners and weights are the generator's
+    seen.clear()
+    same = mixed(x, targets, 0.04, relabel, torch.Generator())  # under one image: nothing mixed
+    assert same[0] is x and same[1] is targets and not seen
+
+
+def test_distill_mixes_a_share_of_every_batch_and_stays_seeded():
+    x, ts = images(64, seed=3), teachers()
+    targets = consensus(ts, x, tau=4.0)
+    sizes: list[int] = []
+
+    def relabel(m: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(m))
+        return consensus(ts, m, tau=4.0)
+
+    config = DistillConfig(epochs=2, batch_size=16, mix=0.25)
+    students = [model("C8k3-P-F16-F3", seed=5) for _ in range(3)]
+    distill(students[0], x, targets, config=config, seed=0, relabel=relabel)
+    assert sizes == [4] * 8  # a quarter of each of the 4 batches of 2 epochs
+    distill(students[1], x, targets, config=config, seed=0, relabel=relabel)
+    distill(students[2], x, targets, config=dataclasses.replace(config, mix=0.0), seed=0)
+    weights = [dict(s.state_dict()) for s in students]
+    assert all(torch.equal(v, weights[1][k]) for k, v in weights[0].items())
+    assert not all(torch.equal(v, weights[2][k]) for k, v in weights[0].items())
+    with pytest.raises(ConfigError, match="relabel"):
+        distill(model("C4k3-P-F3", 0), x, targets, config=config, seed=0)
+    assert "mix" not in DistillConfig(epochs=1).to_dict()  # reports made before mix match on resume
+    assert config.to_dict()["mix"] == 0.25

@@ -16,6 +16,7 @@ from server_kit.labelling.labels import (
     consensus,
     held_classes,
     label_synthetic,
+    unconditioned_vote,
 )
 from server_kit.teachers import unpaired_counts
 from tests.server_kit.test_distill import SHAPE, L, images, teachers
@@ -209,6 +210,20 @@ def test_label_rules_reduce_to_consensus_on_real_style_rules():
     torch.testing.assert_close(mean.targets, consensus(ts, x, tau=2.0))
     lw = label_synthetic(ts, x, y, counts, config=LabelConfig(rule="label-weighted", **no), tau=2.0)
     torch.testing.assert_close(lw.targets, consensus(ts, x, tau=2.0, class_weights=class_shares(counts)))
+
+
+def test_the_vote_on_mixtures_is_the_sets_rule_without_a_class():
+    ts, x = teachers(), images(9)
+    counts = [[5, 5, 5], [1, 0, 9], [3, 3, 0]]
+    y = torch.zeros(9, dtype=torch.long)
+    for rule in ("mean", "label-weighted"):
+        for mask in (False, True):
+            config = LabelConfig(rule=rule, mask=mask, drop_mismatch=False)
+            vote = unconditioned_vote(ts, x, counts, config=config, tau=2.0)
+            made_for_y = label_synthetic(ts, x, y, counts, config=config, tau=2.0)
+            torch.testing.assert_close(vote, made_for_y.targets)  # neither rule reads the class
+    with pytest.raises(ConfigError, match="conditioned"):
+        unconditioned_vote(ts, x, counts, config=LabelConfig(rule="conditioned"), tau=2.0)
 
 
 @pytest.mark.parametrize(

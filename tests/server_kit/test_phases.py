@@ -123,6 +123,28 @@ def test_train_global_distils_on_the_kept_samples_only(tmp_path, fed):
         _train_global(fed, synthesis, none_kept, config)
 
 
+def test_train_global_labels_the_mixtures_by_the_sets_vote(tmp_path, fed):
+    from server_kit.training.adversarial import AdversarialConfig
+
+    config = tiny_config(verify_claims=False)
+    mix = tiny_config(verify_claims=False, distill=dataclasses.replace(config.distill, mix=0.5))
+    synthesis = _synthesize(fed, config, tmp_path)
+    labels = _label(fed, synthesis, config)
+    plain, mixing = (_train_global(fed, synthesis, labels, c) for c in (config, mix))
+    assert len(mixing.distill_loss) == config.distill.epochs
+    assert mixing.distill_loss != plain.distill_loss  # the same seed: only the mixtures differ
+    for clash, match in (
+        (
+            {"adversarial": AdversarialConfig(rounds=1), "synth": ("inversion", "generator")},
+            "which adversarial",
+        ),
+        ({"labels": LabelConfig(rule="conditioned")}, "which labels.rule=conditioned"),
+        ({"hard_labels": True}, "which hard_labels"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            dataclasses.replace(mix, **clash)
+
+
 def _tiny_generator():
     from server_kit.synthesis.generator import GeneratorConfig
 
