@@ -49,8 +49,8 @@ PLAIN_AVERAGE = 0.1
 COLOR_AVERAGE = 0.0
 # The share of each batch mixed (``mix``) where the server leaves it undecided: half on color images, where
 # the student copies the teachers' vote on real images far less often than on its synthetic ones and the
-# mixtures lifted it; off for one-channel images, where the student already beats the vote (benchmarks/
-# RESULTS.md, "Mixtures of the synthetic images")
+# mixtures lifted it; off for one-channel images, where the student already beats the vote
+# (benchmarks/RESULTS.md, "Mixtures of the synthetic images")
 COLOR_MIX = 0.5
 DistillSchedule = Literal["constant", "cosine"]
 DISTILL_SCHEDULES: tuple[str, ...] = get_args(DistillSchedule)
@@ -133,16 +133,15 @@ class DistillConfig:
         return replace(self, epochs=epochs, average=average, mix=self.mix or 0.0)
 
     def to_dict(self) -> dict[str, object]:
-        """The fields; ``flip`` and ``mix`` only when on and ``schedule`` only when not constant, so reports
-        made before they existed match on resume. ``average`` always: a report made before it kept the last
+        """The fields; ``flip`` only when on and ``schedule`` only when not constant, so reports made
+        before they existed match on resume. ``mix`` always: read back without it, a config leaves it to
+        the images, and a color run made before it did not mix. ``average`` always: a report made before it kept the last
         weights, and a resume redoes it rather than assume so."""
         out = asdict(self)
         if not out["flip"]:
             del out["flip"]
         if out["schedule"] == "constant":
             del out["schedule"]
-        if not out["mix"] and out["mix"] is not None:
-            del out["mix"]
         return out
 
 
