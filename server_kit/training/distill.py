@@ -135,8 +135,8 @@ class DistillConfig:
     def to_dict(self) -> dict[str, object]:
         """The fields; ``flip`` only when on and ``schedule`` only when not constant, so reports made
         before they existed match on resume. ``mix`` always: read back without it, a config leaves it to
-        the images, and a color run made before it did not mix. ``average`` always: a report made before it kept the last
-        weights, and a resume redoes it rather than assume so."""
+        the images, and a color run made before it did not mix. ``average`` always: a report made before
+        it kept the last weights, and a resume redoes it rather than assume so."""
         out = asdict(self)
         if not out["flip"]:
             del out["flip"]
