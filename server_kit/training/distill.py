@@ -29,6 +29,7 @@ __all__ = [
     "COLOR_AVERAGE",
     "COLOR_EPOCHS",
     "COLOR_MIX",
+    "COLOR_MIX_EPOCHS",
     "PLAIN_AVERAGE",
     "PLAIN_EPOCHS",
     "DistillConfig",
@@ -39,9 +40,13 @@ __all__ = [
 
 # Distillation epochs left undecided: one-channel images, where twice as many gave the same MNIST uploads no
 # better a student; color ones, where the residual student on the harder set kept improving
-# (benchmarks/RESULTS.md, "Speed" and "Color images, server side")
+# (benchmarks/RESULTS.md, "Speed" and "Color images, server side"); color ones with mixtures, half as many:
+# the teachers' vote on every step's mixtures costs about what the student's step does, and half the
+# epochs keep the distillation's time where it was without them and most of their gain
+# (benchmarks/RESULTS.md, "Mixtures of the synthetic images")
 PLAIN_EPOCHS = 10
 COLOR_EPOCHS = 30
+COLOR_MIX_EPOCHS = 15
 # The weight average's share of the steps left undecided: on for one-channel images, where it lifted every
 # MNIST student measured; off for color ones, where it did not (benchmarks/RESULTS.md, "The student's
 # weight average")
@@ -60,7 +65,8 @@ DISTILL_SCHEDULES: tuple[str, ...] = get_args(DistillSchedule)
 class DistillConfig:
     """Student training on (X, Y). ``tau`` is the distillation temperature (the paper uses 4)."""
 
-    # passes of the student over the synthetic set; none: 10 for one-channel images, 30 for color ones
+    # passes of the student over the synthetic set; none: 10 for one-channel images, 30 for color ones, 15
+    # for color ones with mixtures
     epochs: int | None
     batch_size: int = 64
     lr: float = 1e-3  # Adam learning rate
@@ -125,10 +131,11 @@ class DistillConfig:
 
     def for_images(self, input_shape: tuple[int, ...]) -> DistillConfig:
         """``epochs`` and ``average`` decided where None, by the images
-        (:func:`edge_sdk.augment.is_color`); ``mix`` left None is off here (the mixtures need the teachers'
-        vote, which the server's config decides over)."""
+        (:func:`edge_sdk.augment.is_color`) and, for the epochs, by the mixtures; ``mix`` left None is off
+        here (the mixtures need the teachers' vote, which the server's config decides over)."""
         color = is_color(input_shape)
-        epochs = self.epochs if self.epochs is not None else COLOR_EPOCHS if color else PLAIN_EPOCHS
+        undecided = (COLOR_MIX_EPOCHS if self.mix else COLOR_EPOCHS) if color else PLAIN_EPOCHS
+        epochs = self.epochs if self.epochs is not None else undecided
         average = self.average if self.average is not None else COLOR_AVERAGE if color else PLAIN_AVERAGE
         return replace(self, epochs=epochs, average=average, mix=self.mix or 0.0)
 
