@@ -245,7 +245,7 @@ def test_help_shows_the_fields_defaults_and_choices(capsys):
     assert "--labels-rule {mean,label-weighted,conditioned}" in text and "(default: label-weighted)" in text
     assert "--on-error {stop,skip}" in text and "--inversion-classes {all,held}" in text
     epochs = "--distill-epochs INT passes of the student over the synthetic set; none: 10 for one-channel"
-    assert epochs in text and "30 for color ones (default: none)" in text
+    assert epochs in text and "30 for color ones, 15 for color ones with mixtures (default: none)" in text
     assert "--fusion-mode {ce,md,sd}" in text and "(default when fusion is set: md)" in text
     text = helps(edge_main, "run")
     assert "--role {auto,classifier,cvae,both}" in text and "--cvae-model {cvae-small,cvae-large}" in text

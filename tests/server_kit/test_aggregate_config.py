@@ -92,15 +92,17 @@ def test_an_aggregation_replays_from_its_report(tmp_path, bundles):  # noqa: F81
 def test_auto_settings_are_decided_by_the_input_shape():
     """The student, the inversion's image priors, the mirrored views and the distillation's mixtures
     follow the teachers' channels, never a dataset name: one channel keeps the small CNN, no priors, no
-    views and no mixtures (the runs before these settings), three get the residual student, a shift of 1/8
-    of the side, the flip, the mirrors and the mixtures; a setting given is kept as given."""
+    views (the runs before these settings), three get the residual student, a shift of 1/8 of the side, the
+    flip and the mirrors; mixtures only where asked for (and then half the epochs); a setting given is kept
+    as given."""
     from server_kit.aggregate_config import COLOR_STUDENT, DEFAULT_STUDENT
-    from server_kit.training.distill import COLOR_MIX
+    from server_kit.training.distill import COLOR_EPOCHS, COLOR_MIX, COLOR_MIX_EPOCHS
 
     gray, color = AggregateConfig().for_task((1, 28, 28)), AggregateConfig().for_task((3, 32, 32))
     assert gray.student == DEFAULT_STUDENT and (gray.inversion.jitter, gray.inversion.flip) == (0.0, False)
     assert color.student == COLOR_STUDENT and (color.inversion.jitter, color.inversion.flip) == (0.125, True)
-    assert (gray.distill.epochs, color.distill.epochs) == (10, 30)
+    color_epochs = COLOR_MIX_EPOCHS if COLOR_MIX else COLOR_EPOCHS
+    assert (gray.distill.epochs, color.distill.epochs) == (10, color_epochs)
     assert (gray.distill.mix, color.distill.mix) == (0.0, COLOR_MIX) and gray.distill.to_dict()["mix"] == 0
     # recorded even when off: a color report without it replays with the images' default, not what ran
     assert (
@@ -115,6 +117,7 @@ def test_auto_settings_are_decided_by_the_input_shape():
     assert rounds.distill.mix == 0.0 and paper.distill.mix == 0.0
     given_mix = AggregateConfig(distill=replace(AggregateConfig().distill, mix=0.25))
     assert given_mix.for_task((1, 28, 28)).distill.mix == 0.25
+    assert given_mix.for_task((3, 32, 32)).distill.epochs == COLOR_MIX_EPOCHS  # half: the votes cost a step
     assert gray.synth is None and color.synth == ("inversion", "generator")
     assert (gray.views, color.views) == ("none", "flip")  # a mirrored digit is no digit
     assert AggregateConfig(views="none").for_task((3, 32, 32)).views == "none"  # given: kept

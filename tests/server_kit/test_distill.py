@@ -16,6 +16,7 @@ from server_kit.labelling.labels import consensus
 from server_kit.training.distill import (
     COLOR_AVERAGE,
     COLOR_EPOCHS,
+    COLOR_MIX_EPOCHS,
     PLAIN_AVERAGE,
     PLAIN_EPOCHS,
     DistillConfig,
@@ -159,8 +160,12 @@ def test_the_images_decide_what_is_left_undecided():
     color = DistillConfig(epochs=None).for_images(SHAPE3)
     assert (gray.epochs, gray.average) == (PLAIN_EPOCHS, PLAIN_AVERAGE) and PLAIN_AVERAGE > 0
     assert (color.epochs, color.average) == (COLOR_EPOCHS, COLOR_AVERAGE)
+    # mixtures halve the color epochs (their votes cost a step's worth); one-channel images keep theirs
+    assert DistillConfig(epochs=None, mix=0.5).for_images(SHAPE3).epochs == COLOR_MIX_EPOCHS < COLOR_EPOCHS
+    assert DistillConfig(epochs=None, mix=0.5).for_images((1, 8, 8)).epochs == PLAIN_EPOCHS
     given = DistillConfig(epochs=2, average=0.3)
     assert given.for_images((1, 8, 8)) == given == given.for_images(SHAPE3)
+    assert dataclasses.replace(given, mix=0.5).for_images(SHAPE3).epochs == 2
 
 
 def test_distill_validation():
