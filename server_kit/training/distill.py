@@ -43,7 +43,7 @@ __all__ = [
 # (benchmarks/RESULTS.md, "Speed" and "Color images, server side"); color ones with mixtures, half as many:
 # the teachers' vote on every step's mixtures costs about what the student's step does, and half the
 # epochs keep the distillation's time where it was without them and most of their gain
-# (benchmarks/RESULTS.md, "Mixtures of the synthetic images")
+# (benchmarks/RESULTS.md, "The mixtures at half the epochs")
 PLAIN_EPOCHS = 10
 COLOR_EPOCHS = 30
 COLOR_MIX_EPOCHS = 15
