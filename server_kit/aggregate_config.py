@@ -28,7 +28,6 @@ from server_kit.synthesis import (
 )
 from server_kit.teachers import BudgetConfig, Phase, server_phases
 from server_kit.training import AdversarialConfig, DistillConfig, FusionConfig, TrainingConfig
-from server_kit.training.distill import COLOR_MIX
 
 __all__ = ["COLOR_STUDENT", "DEFAULT_STUDENT", "AggregateConfig"]
 
@@ -42,9 +41,9 @@ COLOR_STUDENT = "C16k3-R16k3-P-R32k3-P-R64k3-P-F10"
 
 _DISTILL_PRESETS: dict[str, dict[str, Any]] = {
     # epochs decided by the images (DistillConfig.for_images): 10 on one-channel ones, where 20 gave the
-    # same MNIST uploads no better a student, for twice the time (benchmarks/RESULTS.md, "Speed"); the
-    # mixtures decided by the images too (AggregateConfig.for_task)
-    "fast": dict(epochs=None, batch_size=64, lr=1e-3, tau=4.0, mix=None),
+    # same MNIST uploads no better a student, for twice the time (benchmarks/RESULTS.md, "Speed"); no
+    # mixtures (DistillConfig.mix)
+    "fast": dict(epochs=None, batch_size=64, lr=1e-3, tau=4.0, mix=0.0),
     # The paper fixes tau = 4 and (client side) Adam 1e-3, batch 64; E_distill is not given: 50 epochs.
     # No weight average: the paper keeps the student's last weights; no mixtures.
     "paper": dict(epochs=50, batch_size=64, lr=1e-3, tau=4.0, average=0.0, mix=0.0),
@@ -386,16 +385,8 @@ class AggregateConfig:
             synth=synth,
             views=views,
             inversion=self.inversion.for_images(input_shape),
-            distill=self._distill_for(color).for_images(input_shape),
+            distill=self.distill.for_images(input_shape),
         )
-
-    def _distill_for(self, color: bool) -> DistillConfig:
-        """The distillation with ``mix`` decided where None: :data:`COLOR_MIX` on color images where
-        nothing clashes with the mixtures, else off."""
-        if self.distill.mix is not None:
-            return self.distill
-        mix = COLOR_MIX if color and not self._mix_clashes() else 0.0
-        return replace(self.distill, mix=mix)
 
     def to_dict(self, device: torch.device | None = None) -> dict[str, Any]:
         """The config as JSON, with the precision that runs on ``device`` (the run's resolved device;

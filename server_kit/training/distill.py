@@ -28,7 +28,6 @@ from edge_sdk.train import cosine_scheduler, kd_loss
 __all__ = [
     "COLOR_AVERAGE",
     "COLOR_EPOCHS",
-    "COLOR_MIX",
     "COLOR_MIX_EPOCHS",
     "PLAIN_AVERAGE",
     "PLAIN_EPOCHS",
@@ -52,11 +51,6 @@ COLOR_MIX_EPOCHS = 15
 # weight average")
 PLAIN_AVERAGE = 0.1
 COLOR_AVERAGE = 0.0
-# The share of each batch mixed (``mix``) where the server leaves it undecided: off. On color images the
-# mixtures lifted the student under mild label skew and lowered it under strong skew, where the vote
-# they are labelled by is weakest; off for one-channel images, where the student already beats the vote
-# (benchmarks/RESULTS.md, "Mixtures of the synthetic images" and "The mixtures at half the epochs")
-COLOR_MIX = 0.0
 DistillSchedule = Literal["constant", "cosine"]
 DISTILL_SCHEDULES: tuple[str, ...] = get_args(DistillSchedule)
 
@@ -90,9 +84,9 @@ class DistillConfig:
     average: float | None = None
     # this share of every batch is replaced by mixtures of two of its images (weights drawn uniformly),
     # labelled on the fly by the teachers' vote: a fixed synthetic set covers little of what lies
-    # between its images, and the student learns the teachers' function there too; 0 is off
-    # none: decided by the server's config (AggregateConfig.for_task), else off
-    mix: float | None = 0.0
+    # between its images, and the student learns the teachers' function there too; 0 is off, the
+    # default: a mixture carries only the vote, which is weakest under strong label skew
+    mix: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -121,7 +115,7 @@ class DistillConfig:
                 "last weights"
             )
 
-        if self.mix is not None and not (is_number(self.mix) and 0 <= self.mix <= 1):
+        if not (is_number(self.mix) and 0 <= self.mix <= 1):
             raise ConfigError(f"mix must be a share of the batch in [0, 1], got {self.mix!r}; fix: 0 is off")
         if self.mix and self.hard_labels:
             raise ConfigError(
@@ -131,19 +125,18 @@ class DistillConfig:
 
     def for_images(self, input_shape: tuple[int, ...]) -> DistillConfig:
         """``epochs`` and ``average`` decided where None, by the images
-        (:func:`edge_sdk.augment.is_color`) and, for the epochs, by the mixtures; ``mix`` left None is off
-        here (the mixtures need the teachers' vote, which the server's config decides over)."""
+        (:func:`edge_sdk.augment.is_color`) and, for the epochs, by the mixtures."""
         color = is_color(input_shape)
         undecided = (COLOR_MIX_EPOCHS if self.mix else COLOR_EPOCHS) if color else PLAIN_EPOCHS
         epochs = self.epochs if self.epochs is not None else undecided
         average = self.average if self.average is not None else COLOR_AVERAGE if color else PLAIN_AVERAGE
-        return replace(self, epochs=epochs, average=average, mix=self.mix or 0.0)
+        return replace(self, epochs=epochs, average=average)
 
     def to_dict(self) -> dict[str, object]:
         """The fields; ``flip`` only when on and ``schedule`` only when not constant, so reports made
-        before they existed match on resume. ``mix`` always: read back without it, a config leaves it to
-        the images, and a color run made before it did not mix. ``average`` always: a report made before
-        it kept the last weights, and a resume redoes it rather than assume so."""
+        before they existed match on resume. ``mix`` always, as every report since it was added records
+        it. ``average`` always: a report made before it kept the last weights, and a resume redoes it
+        rather than assume so."""
         out = asdict(self)
         if not out["flip"]:
             del out["flip"]
@@ -251,7 +244,7 @@ def distill(
             "soft distillation needs float N x L targets (use hard_labels=True for class indices)"
         )
     config = config.for_images(tuple(x.shape[1:]))  # undecided epochs and average: by the images' channels
-    assert config.epochs is not None and config.average is not None and config.mix is not None
+    assert config.epochs is not None and config.average is not None
     if config.mix > 0 and relabel is None:
         raise ConfigError("mix needs the teachers' vote to label its mixtures: pass relabel, or set mix=0")
     # the optimizer steps of the whole run, which the schedule and the average are sized by

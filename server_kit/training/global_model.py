@@ -138,8 +138,7 @@ def _start(
     with seeded(config.seed):  # weight init draws from the global RNG: scope and seed it
         student = build_model(spec, fed.input_shape, fed.num_classes)
     relabel = None
-    # the mixtures are labelled by the same vote as the set; mix None (left to the images by a config
-    # not resolved for its task) is off, as distill itself reads it
+    # the mixtures are labelled by the same vote as the set
     if config.distill.mix:
         relabel = mixture_labeller(
             fed, synthesis, config.labels, tau=config.distill.tau, precision=config.precision

@@ -90,34 +90,23 @@ def test_an_aggregation_replays_from_its_report(tmp_path, bundles):  # noqa: F81
 
 
 def test_auto_settings_are_decided_by_the_input_shape():
-    """The student, the inversion's image priors, the mirrored views and the distillation's mixtures
-    follow the teachers' channels, never a dataset name: one channel keeps the small CNN, no priors, no
-    views (the runs before these settings), three get the residual student, a shift of 1/8 of the side, the
-    flip and the mirrors; mixtures only where asked for (and then half the epochs); a setting given is kept
+    """The student, the inversion's image priors, the mirrored views and the distillation's epochs follow
+    the teachers' channels, never a dataset name: one channel keeps the small CNN, no priors, no views (the
+    runs before these settings), three get the residual student, a shift of 1/8 of the side, the flip and
+    the mirrors; mixtures only where asked for (and then half the color epochs); a setting given is kept
     as given."""
     from server_kit.aggregate_config import COLOR_STUDENT, DEFAULT_STUDENT
-    from server_kit.training.distill import COLOR_EPOCHS, COLOR_MIX, COLOR_MIX_EPOCHS
+    from server_kit.training.distill import COLOR_EPOCHS, COLOR_MIX_EPOCHS
 
     gray, color = AggregateConfig().for_task((1, 28, 28)), AggregateConfig().for_task((3, 32, 32))
     assert gray.student == DEFAULT_STUDENT and (gray.inversion.jitter, gray.inversion.flip) == (0.0, False)
     assert color.student == COLOR_STUDENT and (color.inversion.jitter, color.inversion.flip) == (0.125, True)
-    color_epochs = COLOR_MIX_EPOCHS if COLOR_MIX else COLOR_EPOCHS
-    assert (gray.distill.epochs, color.distill.epochs) == (10, color_epochs)
-    assert (gray.distill.mix, color.distill.mix) == (0.0, COLOR_MIX) and gray.distill.to_dict()["mix"] == 0
-    # recorded even when off: a color report without it replays with the images' default, not what ran
-    assert (
-        AggregateConfig.from_dict(
-            replace(color, distill=replace(color.distill, mix=0.0)).to_dict()
-        ).distill.mix
-        == 0
-    )
-    # where the mixtures clash with the method they are off, and given they are kept
-    rounds = AggregateConfig(adversarial=AdversarialConfig(rounds=2)).for_task((3, 32, 32))
-    paper = AggregateConfig.preset("paper").for_task((3, 32, 32))
-    assert rounds.distill.mix == 0.0 and paper.distill.mix == 0.0
+    assert (gray.distill.epochs, color.distill.epochs) == (10, COLOR_EPOCHS)
+    assert (gray.distill.mix, color.distill.mix) == (0.0, 0.0) and gray.distill.to_dict()["mix"] == 0
     given_mix = AggregateConfig(distill=replace(AggregateConfig().distill, mix=0.25))
     assert given_mix.for_task((1, 28, 28)).distill.mix == 0.25
     assert given_mix.for_task((3, 32, 32)).distill.epochs == COLOR_MIX_EPOCHS  # half: the votes cost a step
+    assert AggregateConfig.from_dict(given_mix.for_task((3, 32, 32)).to_dict()).distill.mix == 0.25
     assert gray.synth is None and color.synth == ("inversion", "generator")
     assert (gray.views, color.views) == ("none", "flip")  # a mirrored digit is no digit
     assert AggregateConfig(views="none").for_task((3, 32, 32)).views == "none"  # given: kept

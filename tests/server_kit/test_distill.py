@@ -194,6 +194,7 @@ def test_distill_validation():
         ({"average": "on"}, "average"),
         ({"mix": 1.5}, "mix"),
         ({"mix": -0.1}, "mix"),
+        ({"mix": None}, "mix"),
         ({"mix": 0.5, "hard_labels": True}, "hard_labels"),
     ],
 )
