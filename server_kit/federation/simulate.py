@@ -346,11 +346,12 @@ def _client_config(
 ) -> ClientConfig:
     """Client ``k``'s settings: the simulation's search and CVAE, seed ``seed + k``, its resolved
     ``role``, ``device`` (None: ``config.device``) and, when it trains a classifier, the shared initial
-    weights ``init`` (if any)."""
+    weights ``init`` (if any) and FedOV's unknown output when asked for (a CVAE-only device trains no
+    classifier to give one)."""
     return ClientConfig(
         search=config.search,
         cvae=config.cvae,
-        unknown_output=config.unknown_output,
+        unknown_output=config.unknown_output and role != "cvae",
         precision=config.precision,
         val_fraction=config.val_fraction,
         seed=config.seed + k,

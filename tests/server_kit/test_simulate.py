@@ -160,6 +160,8 @@ def test_classifier_devices_upload_a_decoder_and_a_resume_checks_the_settings(fe
         fedov.unknown_output
         and "config.unknown_output" in _client_verdict(clients / "client_00.bundle", wanted).differs
     )
+    # a CVAE-only device of that federation trains no classifier, so it is asked for no unknown output
+    assert not _client_config(federation, 1, "cvae", None).unknown_output
     # a broken upload is redone (torn in a copy: the later tests rerun copies of this federation)
     for name in ("client_01.bundle", "client_01.bundle.report.json", "client_01.decoder.bundle"):
         shutil.copy(clients / name, tmp_path / name)
