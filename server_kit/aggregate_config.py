@@ -119,7 +119,9 @@ class AggregateConfig:
     # DENSE-style rounds after the distillation: the generator made adversarial to the student, the
     # student trained on its new samples; needs the generator source
     adversarial: AdversarialConfig | None = None
-    decoder_samples: int = 6000  # images drawn from the CVAE decoders (FedMHO's synthetic budget)
+    # images drawn from the CVAE decoders: the one source whose label is right by construction, so the
+    # student gains from more of them while the sampling stays cheap (FedMHO's preset keeps its paper's)
+    decoder_samples: int = 12_000
     # share of each class's decoder samples kept, those nearest the class centroid (FedMHO's R_th)
     decoder_keep: float = 0.8
     # the decoders' temperature t: z ~ N(0, t^2 I) when they are sampled; 1: the paper
