@@ -93,7 +93,8 @@ class AggregateConfig:
     distill: DistillConfig = field(default_factory=_fast_distill)
     # the synthesis sources whose samples are pooled: inversion, generator and decoder, any of them; none:
     # inversion and generator, and the decoders whenever CVAE decoder bundles are among the uploads and
-    # the images are not color ones (or FedMHO's fusion needs them)
+    # the images are not color ones (or FedMHO's fusion needs them); the generator then runs only if some
+    # class has no decoder, else its samples are drawn from the decoders
     synth: tuple[str, ...] | None = None
     # more views of every synthetic image, each a sample the teachers label like the image itself: flip
     # adds its mirror (a natural image keeps its class under it), none adds nothing; auto: flip for color
@@ -286,6 +287,8 @@ class AggregateConfig:
             seed=self.seed,
             precision=self.precision,
             checks=CLAIM_CHECKS if self.checks_claims else None,
+            # the sources left to the server; the adversarial rounds keep training the generator
+            generator_fills_gaps=self.synth is None and self.adversarial is None,
         )
 
     def budget_phases(self, has_decoders: bool) -> tuple[Phase, ...]:
@@ -353,10 +356,12 @@ class AggregateConfig:
         return "inversion" in self.sources(True) if self.verify_claims is None else self.verify_claims
 
     def sources(self, has_decoders: bool) -> tuple[str, ...]:
-        """The synthesis sources this run uses, in ``SOURCES`` order: ``synth`` as given, or by default
+        """The synthesis sources this run may use, in ``SOURCES`` order: ``synth`` as given, or by default
         inversion and generator plus the decoders when there are any. Decoder samples are labelled by
         construction (``construction_labels``): under strong label skew they lift the global model well
-        above inversion and generator alone (benchmarks/RESULTS.md, "Label skew")."""
+        above inversion and generator alone (benchmarks/RESULTS.md, "Label skew"). By default the
+        generator then only fills gaps: where the decoders hold every class, its samples are drawn from
+        them instead (:attr:`~server_kit.synthesis.SynthesisConfig.generator_fills_gaps`)."""
         if self.synth is not None:
             return tuple(name for name in SOURCES if name in self.synth)
         wanted = ("inversion", "generator", "decoder") if has_decoders else ("inversion", "generator")

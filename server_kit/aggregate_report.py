@@ -46,6 +46,7 @@ def run_report(
         "skipped": [{"file": path, "reason": reason} for path, reason in skipped],
         "synthetic_size": len(synthesis.synthetic),
         "generator_loss": [],
+        "generator_skipped": None,  # why a generator the sources named did not run
         "decoders": None,
         **synthesis.report,
         "labels": labels.report,

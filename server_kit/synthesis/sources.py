@@ -98,6 +98,26 @@ class SynthesisConfig:
     seed: int
     precision: str
     checks: ClaimChecks | None = None
+    # the generator only fills gaps: where the decoders (their claims checked) hold every class a
+    # classifier holds, it does not run and its samples are drawn from the decoders instead, which are
+    # trained on the clients' images and labelled by construction (the sources a user leaves to the server)
+    generator_fills_gaps: bool = False
+
+
+def _decoders_cover(decoder_counts: list[list[int]], classifier_counts: list[list[int]]) -> bool:
+    """Whether every class a classifier holds is held by a decoder too (label counts, a row an upload)."""
+    held = {c for row in classifier_counts for c, n in enumerate(row) if n > 0}
+    drawn = {c for row in decoder_counts for c, n in enumerate(row) if n > 0}
+    return held <= drawn
+
+
+def _generator_replaced(config: SynthesisConfig, decoder_counts: list[list[int]], fed: Federation) -> bool:
+    """Whether the generator's samples come from the decoders (``generator_fills_gaps``)."""
+    return (
+        config.generator_fills_gaps
+        and "generator" in config.sources
+        and _decoders_cover(decoder_counts, fed.label_counts)
+    )
 
 
 @dataclass(frozen=True)
@@ -200,6 +220,9 @@ def synthesize(fed: Federation, config: SynthesisConfig, out: Path, *, progress:
     for name, source in SOURCES.items():
         if name not in config.sources:
             continue
+        if name == "generator" and pool is not None and _generator_replaced(config, pool.label_counts, fed):
+            report["generator_skipped"] = "the decoders hold every class: its samples were drawn from them"
+            continue
         with timed(seconds, name):
             output = source(fed, config, out, progress)
             parts[name] = output.samples
@@ -281,10 +304,11 @@ def _decoder_samples(
     federation = None
     if settings.weighting == "federation":  # every upload's counts: the classifiers' and the decoders'
         federation = [sum(col) for col in zip(*fed.label_counts, *counts, strict=True)]
+    total = settings.samples + (config.generator.samples if _generator_replaced(config, counts, fed) else 0)
     x, y = sample_decoders(
         decoders,
         counts,
-        total=settings.samples,
+        total=total,
         num_classes=num_classes,
         seed=config.seed,
         device=fed.device,

@@ -33,9 +33,10 @@ def test_halving_rungs_and_their_epochs() -> None:
     assert halving_rungs(8, 2, 0.5) == [(8, 1), (4, 1), (2, 1)]  # more rungs than epochs: one each
     assert halving_rungs(4, 5, 0.5) == [(4, 3), (2, 2)]
     assert halving_rungs(1, 2, 0.5) == [] and halving_rungs(3, 0, 0.5) == [(3, 0)]
-    # the grayscale default trains fewer final epochs than the one-rung halving it replaced (3 x 2 + 6)
+    # the grayscale default trains fewer final epochs than the one-rung halving it replaced (3 x 2 + 4)
     gray = PSOConfig().for_input((1, 28, 28))
-    assert schedule_epochs(3, 2, 0.5, 8) == 3 + 2 + 6 == gray.final_training_epochs() < 12
+    assert schedule_epochs(3, 2, 0.5, 6) == 3 + 2 + 4 == gray.final_training_epochs() < 10
+    assert schedule_epochs(3, 2, 0.0, 6) == 10
     assert schedule_epochs(3, 2, 0.0, 8) == 12 and schedule_epochs(1, 8, 0.5, 8) == 8
     for bad in (1.0, -0.1, "half"):
         with pytest.raises(ConfigError, match="finalist_keep"):
@@ -170,8 +171,9 @@ def test_final_epochs_and_plateau_follow_the_recipe() -> None:
     plain = PSOConfig().for_input(gray)
     assert (plain.final_epochs, plain.plateau_patience) == (PLAIN_FINAL_EPOCHS, PLATEAU_PATIENCE)
     # a grayscale run records what it did before the rule existed, so its resume keys still match (all
-    # but the search's FLOP budget and cap, later changes that redo the search)
-    assert plain.to_dict() == RECORD_DEFAULTS | {"search_budget": 0.125, "flop_cap": 1.0}
+    # but the search's FLOP budget and cap and the plain final epochs, later changes that redo the clients)
+    now = {"search_budget": 0.125, "flop_cap": 1.0, "final_epochs": PLAIN_FINAL_EPOCHS}
+    assert plain.to_dict() == RECORD_DEFAULTS | now
     rich = PSOConfig().for_input(color)  # crop-flip and a cosine rate: more epochs, no plateau stop
     assert (rich.final_epochs, rich.plateau_patience) == (AUGMENTED_FINAL_EPOCHS, 0)
     assert AUGMENTED_FINAL_EPOCHS > PLAIN_FINAL_EPOCHS

@@ -18,7 +18,7 @@ from edge_sdk.models.arch import parse_arch
 from edge_sdk.models.chain.space import CHANNELS, HIDDEN_UNITS, KERNELS, align, sample_spec
 from edge_sdk.models.chain.spec import MAX_DEPTH, MIN_DEPTH, ChainSpec, Conv, Dense, Pool
 from edge_sdk.search import STRATEGIES, build_search_config, replace_search_config, search
-from edge_sdk.strategies.base import RECORD_DEFAULTS, SearchConfig
+from edge_sdk.strategies.base import PLAIN_FINAL_EPOCHS, RECORD_DEFAULTS, SearchConfig
 from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.pso import PSOConfig
 from profiles import DeviceProfile
@@ -486,7 +486,7 @@ def test_record_keeps_the_single_config_shape() -> None:
     # the fields added since: an old record had no budget and no cap; PSO's finalists must beat the warm start
     added = {"search_budget": None, "finalists_beat_warm": True, "flop_cap": None}
     assert old_default | added == RECORD_DEFAULTS
-    now = {"search_budget": 0.125, "flop_cap": 1.0}
+    now = {"search_budget": 0.125, "flop_cap": 1.0, "final_epochs": PLAIN_FINAL_EPOCHS}
     current = {key: (old_default | added | now)[key] for key in RECORD_DEFAULTS}
     assert PSOConfig().for_input(gray).to_dict() == current
     assert list(PSOConfig().for_input(gray).to_dict()) == list(current)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from server_kit.aggregate import aggregate
 from server_kit.aggregate_config import AggregateConfig
 from server_kit.cli import main
 from server_kit.synthesis import load_synthetic
+from server_kit.synthesis.generator import GeneratorConfig
 from server_kit.training.fusion import FusionConfig
 from tests.server_kit.test_aggregate import SHAPE, SPECS, L, _bundle, bundles, tiny_config  # noqa: F401
 from tests.server_kit.test_decoders import decoder_bundle
@@ -148,3 +150,26 @@ def test_fedmho_preset_end_to_end_on_digits(tmp_path):
     client = _client_config(config, 0, "classifier", init, device)
     changed = _client_verdict(bundle, _resume_key(client, data, "laptop-cpu"))
     assert not changed.reuse and changed.differs == ("config.init.sha256",)
+
+
+def test_generator_only_fills_the_decoders_gaps(tmp_path, bundles, decoders):  # noqa: F811
+    """Left to the server, the sources run the generator only where some class a classifier holds has no
+    decoder; where the decoders hold every class its samples are drawn from them. Named sources run as
+    named."""
+    generator = GeneratorConfig.preset("fast", nz=8, width=8, steps=3, batch_size=8, samples=20)
+    config = tiny_config(synth=None, generator=generator, decoder_samples=30, verify_claims=False)
+
+    def run(name: str, uploads: list[str], **overrides) -> dict:
+        path = aggregate(uploads, tmp_path / name, config=replace(config, **overrides)).report_path
+        return json.loads(path.read_text())
+
+    covered = run("covered", [*bundles, *decoders])  # the decoders hold classes 0, 1 and 2
+    assert "generator" not in covered["synthetic_sources"] and covered["generator_loss"] == []
+    assert covered["decoders"]["sampled"] == 30 + 20
+    assert "decoders hold every class" in covered["generator_skipped"]
+    assert not (tmp_path / "covered" / "generator").exists()
+    gap = run("gap", [*bundles, decoders[0]])  # no decoder holds class 1, which the classifiers hold
+    assert gap["synthetic_sources"]["generator"] == 20 and gap["decoders"]["sampled"] == 30
+    assert gap["generator_skipped"] is None
+    named = run("named", [*bundles, *decoders], synth=("inversion", "generator", "decoder"))
+    assert named["synthetic_sources"]["generator"] == 20 and named["decoders"]["sampled"] == 30
