@@ -43,10 +43,9 @@ from edge_sdk.train import to_float
 from export.atomic import atomic_write_json
 from server_kit.aggregate_config import AggregateConfig
 from server_kit.labelling import label, top_up
+from server_kit.labelling.ceilings import teacher_ceilings
 from server_kit.synthesis import Synthesis, SyntheticSet, synthesize, with_views
 from server_kit.teachers import Federation, split_kinds, without_clones
-from server_kit.teachers.abstain import own_probability
-from server_kit.teachers.counts import class_shares, held_classes
 from server_kit.teachers.loading import read_uploads, teachers_from_bundles
 from server_kit.training import train_global
 from server_kit.training.adversarial import AdversarialConfig
@@ -93,35 +92,6 @@ def variant_config(spec: str, seed: int) -> tuple[str, AggregateConfig]:
         else:
             config = dataclasses.replace(config, **{key: _coerce(getattr(config, key), value)})
     return name, config
-
-
-@torch.no_grad()
-def ceilings(fed: Federation, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """The teacher ensemble on real test images (evaluation only: nothing here reaches the student).
-
-    Each teacher runs once over the test set; the rules are combinations of the same logits. With
-    teachers that can abstain (an "unknown" output), ``label_weighted_abstain`` also weighs each vote by
-    the teacher's probability that the image is one of its classes (what the labels do by default).
-    """
-    shares = class_shares(fed.label_counts).double()  # K x L
-    held = held_classes(fed.label_counts)  # K x L
-    parts = [[own_probability(m, x[i : i + 1024]) for i in range(0, len(x), 1024)] for m in fed.modules]
-    logits = torch.stack([torch.cat([lg.double() for lg, _ in p]) for p in parts])  # K x N x L
-    own = torch.stack(
-        [torch.cat([torch.ones(len(lg)) if o is None else o for lg, o in p]).double() for p in parts]
-    )  # K x N
-    probs = logits.softmax(dim=2)
-    masked = logits.masked_fill(~held.unsqueeze(1), -torch.inf).softmax(dim=2)
-    rules = {
-        "mean": probs.mean(0),
-        "label_weighted": (probs * shares.unsqueeze(1)).sum(0),
-        "label_weighted_masked": (masked * shares.unsqueeze(1)).sum(0),
-    }
-    if any(o is not None for p in parts for _, o in p):
-        rules["label_weighted_abstain"] = (probs * shares.unsqueeze(1) * own.unsqueeze(2)).sum(0)
-    out = {name: float((p.argmax(1) == y).float().mean()) for name, p in rules.items()}
-    out["oracle"] = float((logits.argmax(2) == y).any(0).float().mean())
-    return out
 
 
 def as_synthesis(x: torch.Tensor, fed: Federation) -> Synthesis:
@@ -204,7 +174,7 @@ def main() -> None:
     test = load_client_data(run / "data" / "test.npz")
     x_test, y_test = to_float(test.x), test.y
     if "ceilings" not in rows:
-        rows["ceilings"] = ceilings(fed, x_test, y_test)
+        rows["ceilings"] = teacher_ceilings(fed, x_test, y_test)
     print("ceilings", json.dumps(rows["ceilings"]), flush=True)
     if args.ceilings_only:
         atomic_write_json(out, rows)

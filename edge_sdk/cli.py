@@ -89,11 +89,12 @@ def cmd_profiles(args: argparse.Namespace) -> Output:
 
     shipped = [load_profile(name) for name in list_profiles()]
     lines = [
-        f"{'name':24s} {'role':10s} {'memory_mb':>9s} {'GFLOP/s':>8s} {'max_flops':>12s} {'max_params':>11s}"
+        f"{'name':24s} {'role':10s} {'memory_mb':>9s} {'GFLOP/s':>8s} {'latency_ms':>10s} {'max_flops':>12s} "
+        f"{'max_params':>11s}"
     ]
     for p in shipped:
         lines.append(
-            f"{p.name:24s} {p.role:10s} {p.memory_mb:9.0f} {p.gflops:8.1f} "
+            f"{p.name:24s} {p.role:10s} {p.memory_mb:9.0f} {p.gflops:8.1f} {p.latency_ms:10.1f} "
             f"{p.max_flops:12d} {p.max_params:11d}"
         )
     return Output({"profiles": [dataclasses.asdict(p) for p in shipped]}, lines)

@@ -60,7 +60,7 @@ from edge_sdk.models.elastic.network import ELASTIC_FAMILY
 from edge_sdk.models.elastic.spec import ElasticSpec
 from edge_sdk.models.elastic.supernet import extract
 from edge_sdk.models.elastic.supernet_file import load_supernet
-from edge_sdk.plan import actual_flops, compare, plan_flops, plan_line
+from edge_sdk.plan import actual_flops, affordable_final_epochs, compare, plan_flops, plan_line
 from edge_sdk.precision import Precision, check_precision, resolve_precision
 from edge_sdk.profiling import FINAL_TRAINING_SHARE, fits, profile_model, trains_in_time
 from edge_sdk.roles import CLIENT_ROLES, ClientRole, resolve_role
@@ -185,6 +185,25 @@ class ClientConfig:
         ``input_shape`` (:meth:`edge_sdk.strategies.base.SearchConfig.for_input`)."""
         return dataclasses.replace(self, search=self.search.for_input(input_shape))
 
+    def for_device(
+        self, profile: DeviceProfile, *, n: int, input_shape: tuple[int, int, int], num_classes: int
+    ) -> ClientConfig:
+        """:meth:`for_input`, then final epochs left to the recipe cut to what the device's budget pays
+        for (:func:`edge_sdk.plan.affordable_final_epochs`, ``profile`` under this config's
+        ``time_budget_s``): a slow device trains fewer epochs than the recipe's most instead of having
+        every candidate refused. Where the config meets a device and its data, this resolves it."""
+        resolved = self.for_input(input_shape)
+        if self.search.final_epochs is not None:  # given: trained as asked (the screen holds it to time)
+            return resolved
+        epochs = affordable_final_epochs(
+            resolved.search,
+            budgeted_profile(self, profile),
+            n_train=split_sizes(n, self.val_fraction)[0],
+            input_shape=input_shape,
+            num_classes=num_classes,
+        )
+        return dataclasses.replace(resolved, search=dataclasses.replace(resolved.search, final_epochs=epochs))
+
     def to_dict(self) -> dict[str, Any]:
         """The settings a client report records (and a resume compares): those that apply to the role
         (an explicit ``classifier`` trains no CVAE, ``cvae`` searches nothing, so the other half's
@@ -220,16 +239,26 @@ class ClientConfig:
 PROFILE_KEY_FIELDS = ("name", "memory_mb", "gflops", "max_flops", "max_params", "role", "time_budget_s")
 
 
+def budgeted_profile(config: ClientConfig, profile: DeviceProfile) -> DeviceProfile:
+    """``profile`` with the config's ``time_budget_s`` where it overrides the profile's."""
+    if config.time_budget_s is None:
+        return profile
+    return dataclasses.replace(profile, time_budget_s=float(config.time_budget_s))
+
+
 def resume_key(config: ClientConfig, data: ArrayDataset, profile: DeviceProfile) -> dict[str, Any]:
     """What a client's files are a function of, as its report records it: ``config`` (the settings of
     the role, :meth:`ClientConfig.to_dict`), ``data_sha256`` (the content of the data it trained on,
     :func:`edge_sdk.data.data_sha256`), ``device_profile`` (the budgets it searched under) and
     ``version`` (:data:`CODE_VERSION`). A resume compares the recorded key with the one of the run it
     would do; any difference means the files are another run's. The config is recorded resolved for the
-    data's input (:meth:`ClientConfig.for_input`): what ran, not what was left to the input."""
-    budget = profile.to_dict()
+    data and the device (:meth:`ClientConfig.for_device`): what ran, not what was left to them."""
+    budget = {name: getattr(profile, name) for name in PROFILE_KEY_FIELDS}
+    resolved = config.for_device(
+        profile, n=len(data), input_shape=data.input_shape, num_classes=data.num_classes
+    )
     return {
-        "config": config.for_input(data.input_shape).to_dict(),
+        "config": resolved.to_dict(),
         "data_sha256": data_sha256(data),
         "device_profile": {name: budget[name] for name in PROFILE_KEY_FIELDS},
         "version": CODE_VERSION,
@@ -273,11 +302,9 @@ def plan_run(
     budgets screen under (``time_budget_s`` overridden) and its device plan
     (:func:`edge_sdk.plan.plan_flops`). :func:`run_client` logs and reports the plan; `simulate` starts
     the clients with the largest plans first."""
-    config = config.for_input(input_shape)
     n_train, n_val = split_sizes(n, config.val_fraction)  # too few examples: refused before anything else
-    budgeted = profile
-    if config.time_budget_s is not None:
-        budgeted = dataclasses.replace(profile, time_budget_s=float(config.time_budget_s))
+    config = config.for_device(profile, n=n, input_shape=input_shape, num_classes=num_classes)
+    budgeted = budgeted_profile(config, profile)
     role = resolve_role(
         config.role, profile, input_shape, num_classes, config.search, config.cvae, hosted=hosted
     )
@@ -311,7 +338,9 @@ def run_client(
     (:func:`edge_sdk.roles.resolve_role`)."""
     out = Path(out)
     resolve_device(config.device)  # a missing GPU is refused before any work
-    config = config.for_input(data.input_shape)
+    config = config.for_device(
+        profile, n=len(data), input_shape=data.input_shape, num_classes=data.num_classes
+    )
     role, budgeted, plan = plan_run(
         config,
         profile,
@@ -434,6 +463,9 @@ def _train_finalists(
     keep = float(getattr(search_config, "finalist_keep", 0.0))
     rungs = halving_rungs(len(result.finalists), search_config.finalist_epochs(), keep)
     run = functools.partial(_train_more, train_split, val_split, config)
+    on_all = search_config.rests_on_all()  # the winner's last epochs see the validation images too
+    every = train_split.concat(val_split) if on_all else train_split
+    go_on = functools.partial(_train_more, every, val_split, config)
     models: dict[int, TrainedModel] = {}
     rows: dict[int, dict[str, Any]] = {}
     alive, cut = list(range(len(result.finalists))), False
@@ -459,24 +491,37 @@ def _train_finalists(
             break
     chosen = alive[0] if rungs else 0
     best = models.get(chosen)
+    if best is None and on_all and 0 < search_config.finalist_epochs() < final_epochs:
+        # a lone finalist holds the validation images back for the share the halving would, so the
+        # bundle's validation numbers are measured on images it did not train on
+        best = run(None, result.finalists[chosen], search_config.finalist_epochs(), config.seed, deadline)
+        cut = best.metrics["final_epochs"] < search_config.finalist_epochs()
     rest = final_epochs - (best.metrics["final_epochs"] if best else 0)
     plateau = search_config.plateau()
     done = best is not None and plateau is not None and plateau([h["val_loss"] for h in best.history])
+    held = best
     if rest > 0 and best is not None and (cut or deadline.expired()):
         cut = True
     elif (rest > 0 or best is None) and not done:
-        # the winner goes on where it stopped, Adam's moments kept (new batch orders)
+        # the winner goes on where it stopped, Adam's moments kept (new batch orders), on every image
+        # where the validation split has done its work (rest_on_all)
         seed = config.seed if best is None else finalist_seed(config.seed, None)
-        best = run(best, result.finalists[chosen], rest, seed, deadline, plateau)
+        best = (run if best is None else go_on)(best, result.finalists[chosen], rest, seed, deadline, plateau)
         m = best.metrics
         cut = m["final_epochs"] < final_epochs and not m["plateau_stopped"]
     assert best is not None
+    seen = on_all and held is not None and best is not held  # its last epochs saw the validation images
+    if seen:
+        best = _held_out_numbers(best, held)
     if chosen not in rows:  # one finalist: no rung
         m = best.metrics
         rows[chosen] = {k: m[k] for k in FINALIST_FIELDS} | {
             "arch": best.arch, "epochs": m["final_epochs"], "rungs": 0
         }  # fmt: skip
-    elif best is not models[chosen]:
+    if seen:  # the epochs on every image, for the device plan's count of what the training spent
+        on_every = best.metrics["final_epochs"] - best.metrics["val_epochs"]
+        rows[chosen] |= {"final_epochs": best.metrics["final_epochs"], "epochs_on_all": on_every}
+    elif chosen in models and best is not models[chosen]:
         rows[chosen] |= {
             "final_val_accuracy": best.metrics["val_accuracy"],
             "final_val_loss": best.metrics["val_loss"],
@@ -485,6 +530,14 @@ def _train_finalists(
         }
     out = [rows[i] | {"chosen": i == chosen} for i in sorted(rows)]
     return best, out, cut
+
+
+def _held_out_numbers(trained: TrainedModel, held: TrainedModel) -> TrainedModel:
+    """``trained`` (its last epochs on the validation images too) with the validation numbers ``held``
+    measured before they joined, and the epoch they were measured at (``val_epochs``)."""
+    keep = {k: held.metrics[k] for k in ("val_accuracy", "val_loss")}
+    extra = {"val_epochs": held.metrics["final_epochs"]}
+    return dataclasses.replace(trained, metrics=trained.metrics | keep | extra)
 
 
 def _train_more(

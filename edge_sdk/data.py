@@ -175,6 +175,19 @@ class ArrayDataset:
         index = index.to(self.x.device)
         return ArrayDataset(self.x[index], self.y[index], self.num_classes, self.class_names)
 
+    def concat(self, other: ArrayDataset) -> ArrayDataset:
+        """This set's samples, then ``other``'s (the same task: classes, names and image size)."""
+        if (other.num_classes, other.class_names, other.input_shape) != (
+            self.num_classes, self.class_names, self.input_shape
+        ):  # fmt: skip
+            raise DataError(
+                f"cannot join sets of different tasks: {self.num_classes} classes of {self.input_shape} "
+                f"and {other.num_classes} of {other.input_shape}"
+            )
+        return ArrayDataset(
+            torch.cat([self.x, other.x]), torch.cat([self.y, other.y]), self.num_classes, self.class_names
+        )
+
     def label_counts(self) -> list[int]:
         """Samples per class, length ``num_classes``."""
         return [int(v) for v in torch.bincount(self.y.cpu(), minlength=self.num_classes)]

@@ -16,17 +16,19 @@ profile's: the report's ``device_plan`` records both sides so the estimate can b
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from edge_sdk.cvae import CVAEConfig, cvae_cost, fit_width
 from edge_sdk.models.arch import analytic_cost, parse_arch, with_num_classes
-from edge_sdk.profiling import TRAIN_FLOP_FACTOR
+from edge_sdk.profiling import TRAIN_FLOP_FACTOR, trains_in_time
 from edge_sdk.strategies.base import SearchConfig
 from profiles import DeviceProfile
 
 __all__ = [
     "actual_flops",
+    "affordable_final_epochs",
     "compare",
     "final_training_flops",
     "pass_flops",
@@ -69,7 +71,33 @@ def final_training_flops(
     flops = reference_flops(config, profile, input_shape, num_classes)
     epochs = config.final_training_epochs() if searched else config.resolved_final_epochs()
     validated = n_val if config.plateau() is not None else n_val / max(epochs, 1)
-    return pass_flops(flops, epochs, n_train, int(validated))
+    planned = pass_flops(flops, epochs, n_train, int(validated))
+    if searched and config.rests_on_all():  # the winner's epochs after the choice see n_val images more
+        rest = config.resolved_final_epochs() - min(config.finalist_epochs(), config.resolved_final_epochs())
+        planned += pass_flops(flops, rest, n_val, 0)
+    return planned
+
+
+def affordable_final_epochs(
+    config: SearchConfig,
+    profile: DeviceProfile,
+    *,
+    n_train: int,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+) -> int:
+    """``config``'s final epochs (resolved), or fewer where the device's budget cannot pay for them: the
+    most whose final training of the design the plan prices (the finalists' shared epochs included) fits
+    the time every candidate is screened against (:func:`edge_sdk.profiling.trains_in_time`: a share of
+    ``time_budget_s`` at the profile's GFLOP/s). At least one epoch where the config asks for any: a
+    device too slow even for that has its candidates refused by the screen, which says why."""
+    most = config.resolved_final_epochs()
+    flops = reference_flops(config, profile, input_shape, num_classes)
+    for epochs in range(most, 0, -1):
+        planned = dataclasses.replace(config, final_epochs=epochs).final_training_epochs()
+        if trains_in_time(flops, n_train, planned, profile) is None:
+            return epochs
+    return min(most, 1)
 
 
 def search_flop_budget(config: SearchConfig, final_flops: int) -> int | None:
@@ -148,6 +176,8 @@ def actual_flops(
         epochs = row.get("final_epochs", row["epochs"])
         validated = n_val * epochs if val_every_epoch else n_val
         spent["final_training"] += pass_flops(row["flops"], epochs, n_train, 0) + row["flops"] * validated
+        # epochs that trained on the validation images too (rest_on_all)
+        spent["final_training"] += pass_flops(row["flops"], row.get("epochs_on_all", 0), n_val, 0)
     if cvae_flops is not None:
         spent["cvae"] = pass_flops(cvae_flops, cvae_epochs, n_train, 0) + cvae_flops * n_val
     spent["total"] = sum(spent.values())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,6 +22,7 @@ from common.errors import ProfileError
 __all__ = ["ROLES", "DeviceProfile", "list_profiles", "load_profile", "profile_to_toml"]
 
 MAX_PROFILE_BYTES = 1 << 20  # a profile is a dozen lines
+LATENCY_KEY = "latency_ms"  # a profile file's inference cap: milliseconds per image at its gflops
 
 ROLES = ("classifier", "cvae")
 
@@ -35,7 +37,11 @@ class DeviceProfile:
         memory_mb: memory the device can give to local training (MB); `edge-sdk run` holds the toolkit's
             own process to it too (``edge_sdk.footprint``).
         gflops: sustained fp32 throughput (GFLOP/s) and ``gflops_source`` says where it comes from.
-        max_flops: inference FLOPs per sample (2 x MACs) a model may cost.
+        max_flops: inference FLOPs per sample (2 x MACs) a model may cost. A profile file states it as
+            ``latency_ms``, the longest one image's inference may take at the device's ``gflops``
+            (``max_flops = gflops x 1e6 x latency_ms``): a rule a person can check against the app's
+            needs. A file may give ``max_flops`` itself instead (profiles written before the rule), never
+            both.
         max_params: parameter count a model may have.
         role: ``"classifier"`` (search + train a classifier) or ``"cvae"`` (train a conditional VAE).
         time_budget_s: wall-clock seconds the device may spend on local work.
@@ -72,28 +78,66 @@ class DeviceProfile:
     def memory_bytes(self) -> int:
         return int(self.memory_mb * 1024 * 1024)
 
+    @property
+    def latency_ms(self) -> float:
+        """The inference time per image ``max_flops`` stands for at the profile's ``gflops``."""
+        return self.max_flops / (self.gflops * 1e6)
+
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+    def to_file_dict(self) -> dict[str, object]:
+        """The fields as a profile file states them: the inference cap as ``latency_ms``."""
+        out: dict[str, object] = {}
+        for key, value in self.to_dict().items():
+            if key == "max_flops":
+                out["latency_ms"] = self.latency_ms
+            else:
+                out[key] = value
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, object], *, source: str = "<dict>") -> DeviceProfile:
         """Build a profile from a mapping, rejecting unknown keys with the list of valid ones."""
+        data = _inference_cap(data, source)
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
         if unknown:
-            raise ProfileError(f"{source}: unknown profile keys {unknown}; valid keys are {sorted(fields)}")
+            valid = sorted(fields - {"max_flops"} | {LATENCY_KEY})
+            raise ProfileError(f"{source}: unknown profile keys {unknown}; valid keys are {valid}")
         required = {
             f.name
             for f in dataclasses.fields(cls)
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         }
-        missing = sorted(required - set(data))
+        missing = sorted(LATENCY_KEY if key == "max_flops" else key for key in required - set(data))
         if missing:
             raise ProfileError(f"{source}: missing profile keys {missing}")
         try:
             return cls(**data)  # type: ignore[arg-type]
         except TypeError as err:
             raise ProfileError(f"{source}: {err}") from err
+
+
+def _inference_cap(data: dict[str, object], source: str) -> dict[str, object]:
+    """``data`` with a ``latency_ms`` turned into the ``max_flops`` it allows at the profile's ``gflops``;
+    both given is refused (two caps that may disagree), as is a latency that is no positive number."""
+    if LATENCY_KEY not in data:
+        return data
+    if "max_flops" in data:
+        raise ProfileError(
+            f"{source}: give the inference cap once, as latency_ms (per image, at gflops) or max_flops "
+            f"(FLOPs per image), got both; fix: drop max_flops"
+        )
+    latency, gflops = data[LATENCY_KEY], data.get("gflops")
+    for key, value in ((LATENCY_KEY, latency), ("gflops", gflops)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+            raise ProfileError(
+                f"{source}: {key} must be a positive number (latency_ms sets max_flops = gflops x 1e6 x "
+                f"latency_ms), got {value!r}"
+            )
+    rest = {k: v for k, v in data.items() if k != LATENCY_KEY}
+    return rest | {"max_flops": max(1, round(float(gflops) * 1e6 * float(latency)))}  # type: ignore[arg-type]
 
 
 def _shipped() -> dict[str, resources.abc.Traversable]:
@@ -143,5 +187,5 @@ def _toml_value(value: object) -> str:
 def profile_to_toml(profile: DeviceProfile, *, comments: list[str] | None = None) -> str:
     """Render a profile as TOML (the same schema ``load_profile`` reads)."""
     lines = [f"# {line}".rstrip() for comment in comments or [] for line in comment.splitlines() or [""]]
-    lines += [f"{key} = {_toml_value(value)}" for key, value in profile.to_dict().items()]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in profile.to_file_dict().items()]
     return "\n".join(lines) + "\n"

@@ -17,7 +17,9 @@ from edge_sdk.models.arch import parse_arch
 
 __all__ = [
     "AUGMENTED_FINAL_EPOCHS",
+    "AUGMENTED_WARM_START",
     "PLAIN_FINAL_EPOCHS",
+    "PLAIN_WARM_START",
     "PLATEAU_PATIENCE",
     "RECORD_DEFAULTS",
     "SHARED_PRESETS",
@@ -28,15 +30,24 @@ __all__ = [
 _Config = TypeVar("_Config", bound="SearchConfig")  # not typing.Self (3.11+): the source stays 3.10-clean
 
 # What ``final_epochs`` and ``plateau_patience`` left as None become, from the recipe the input calls for
-# (:meth:`SearchConfig.for_input`). Augmented training sees every image in a new crop each epoch and needs
-# more passes before the augmentation pays (benchmarks/RESULTS.md, the color recipe's ablation); a
-# decaying learning rate brings the validation loss down at the schedule's end, so a curve that looks flat
-# half-way at a high rate is no reason to stop, and the plateau rule is off under it. Plain training
-# stops at 6: the teachers' combined vote is as good after 6 epochs as after 8, for a quarter less of the
-# device time that dominates a federation (benchmarks/RESULTS.md, "Six final epochs").
+# (:meth:`SearchConfig.for_input`), at most: a device whose budget pays for fewer trains those
+# (:meth:`edge_sdk.client.ClientConfig.for_device`). Augmented training sees every image in a new crop
+# each epoch and keeps learning for many passes: on color pictures of a few thousand images the teachers'
+# combined vote still gains from 20 to 40 epochs, past which the epochs cost more device time than they
+# buy; a decaying learning rate brings the validation loss down at the schedule's end, so a curve that
+# looks flat half-way at a high rate is no reason to stop, and the plateau rule is off under it. Plain
+# training stops at 6: the teachers' combined vote is as good after 6 epochs as after 8, for a quarter less
+# of the device time that dominates a federation.
 PLAIN_FINAL_EPOCHS = 6
-AUGMENTED_FINAL_EPOCHS = 20
+AUGMENTED_FINAL_EPOCHS = 40
 PLATEAU_PATIENCE = 2
+# The hand-made design a search starts from (``fixed_arch`` left None), from the input's recipe as the
+# epochs are: pFedZKD's CNN1 for plain images (its two 5x5 convolutions, as every grayscale result was
+# measured with); for pictures the recipe augments, the usual small CIFAR design, three stages of one 3x3
+# convolution each with the width doubling after every pooling: three stages see objects at the sizes a
+# camera picture holds them, at two thirds of CNN1's FLOPs at 32x32x3
+PLAIN_WARM_START = "C32k5-P-C64k5-P-F10"
+AUGMENTED_WARM_START = "C32k3-P-C64k3-P-C128k3-P-F10"
 
 # The presets' values of the shared fields (``fast`` = the defaults; ``paper`` = pFedZKD section 4.1.2).
 SHARED_PRESETS: dict[str, dict[str, Any]] = {
@@ -90,6 +101,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "weight_decay": None,
     "search_budget": None,
     "flop_cap": None,
+    "rest_on_all": None,
 }
 
 
@@ -144,6 +156,11 @@ class SearchConfig:
             plan prices (the warm start, where it fits the profile): the search looks for a better model
             at the price the plan stated, which then bounds the final training and the server's passes
             through the teacher. none: the profile's max_flops alone.
+        rest_on_all: the chosen design's epochs after the finalists' choice train on the validation
+            images too: once the validation split has chosen, a device of a few thousand images has none
+            to hold back, and the model it uploads learns from all of them. The bundle's validation
+            numbers stay those measured before (at the choice). none: where no plateau rule reads the
+            validation curve to the end (the augmented recipe).
     """
 
     strategy: ClassVar[str]
@@ -165,6 +182,7 @@ class SearchConfig:
     weight_decay: float | None = None
     search_budget: float | None = 0.125
     flop_cap: float | None = 1.0
+    rest_on_all: bool | None = None
 
     def __post_init__(self) -> None:
         if type(self) is SearchConfig:
@@ -187,6 +205,8 @@ class SearchConfig:
                 f"search_budget must be a positive finite number or None, got {self.search_budget!r}; fix: "
                 "the search's FLOPs as a multiple of the final training's planned FLOPs (None: no budget)"
             )
+        if self.rest_on_all is not None and not isinstance(self.rest_on_all, bool):
+            raise ConfigError(f"rest_on_all must be true, false or none, got {self.rest_on_all!r}")
         if self.flop_cap is not None and not (is_number(self.flop_cap) and self.flop_cap > 0):
             raise ConfigError(
                 f"flop_cap must be a positive finite number or None, got {self.flop_cap!r}; fix: a "
@@ -206,7 +226,11 @@ class SearchConfig:
             final_epochs = AUGMENTED_FINAL_EPOCHS if recipe.pad else PLAIN_FINAL_EPOCHS
         if patience is None:
             patience = 0 if recipe.schedule == "cosine" else PLATEAU_PATIENCE
-        return dataclasses.replace(self, final_epochs=final_epochs, plateau_patience=patience)
+        resolved = dataclasses.replace(self, final_epochs=final_epochs, plateau_patience=patience)
+        if getattr(self, "fixed_arch", "") is None:  # the strategies that start from a hand-made design
+            warm = AUGMENTED_WARM_START if recipe.pad else PLAIN_WARM_START
+            resolved = dataclasses.replace(resolved, fixed_arch=warm)  # type: ignore[call-arg]
+        return resolved
 
     def resolved_final_epochs(self) -> int:
         """``final_epochs``, given or resolved for the input by :meth:`for_input`."""
@@ -246,6 +270,17 @@ class SearchConfig:
             min_epochs=self.plateau_min_epochs,
             min_delta=self.plateau_min_delta,
         )
+
+    def rests_on_all(self) -> bool:
+        """Whether the chosen design trains its last epochs on the validation images too
+        (``rest_on_all``, none resolved: where the plateau rule is off)."""
+        stops = self.plateau() is not None
+        if self.rest_on_all and stops:
+            raise ConfigError(
+                "rest_on_all trains on the validation images the plateau rule reads: set "
+                "plateau_patience 0 or rest_on_all false"
+            )
+        return not stops if self.rest_on_all is None else self.rest_on_all
 
     def rng_streams(self) -> int:
         """Independent random streams the strategy draws from (PSO: one per repeat)."""

@@ -24,11 +24,12 @@ class FixedConfig(SearchConfig):
 
     strategy: ClassVar[str] = "fixed"
 
-    fixed_arch: str = "C32k5-P-C64k5-P-F10"  # CNN1
+    fixed_arch: str | None = None  # none: from the input's recipe (SearchConfig.for_input)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_arch("fixed_arch", self.fixed_arch)
+        if self.fixed_arch is not None:
+            check_arch("fixed_arch", self.fixed_arch)
 
 
 @dataclass(frozen=True, kw_only=True)

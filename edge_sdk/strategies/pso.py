@@ -43,7 +43,8 @@ class PSOConfig(SearchConfig):
         max_depth: longest chain the sampler draws (3 to 20); PSO never grows a particle past the longer
             of its two guides, so this bounds the whole search.
         fixed_arch: the architecture a warm-started swarm begins from (strategy pso) or that is trained
-            as it is (strategy fixed); by default CNN1, the fixed baseline.
+            as it is (strategy fixed); none: from the input's recipe, pFedZKD's CNN1 for plain images
+            and a three-stage design of 3x3 convolutions for the pictures the recipe augments.
         warm_start: particle 0 of every swarm starts at the fixed architecture (its widths halved until
             it fits the budget) instead of a random architecture, so the search never does worse by
             fitness than that baseline; ours, not in the paper's Algorithm 2 (the paper preset turns it
@@ -82,7 +83,7 @@ class PSOConfig(SearchConfig):
     repeats: int = 1
     cg: float = 0.5
     max_depth: int = DEFAULT_MAX_DEPTH
-    fixed_arch: str = "C32k5-P-C64k5-P-F10"  # CNN1
+    fixed_arch: str | None = None  # none: from the input's recipe (SearchConfig.for_input)
     warm_start: bool = True
     finalists: int = 3
     finalist_share: float = 0.25
@@ -106,7 +107,8 @@ class PSOConfig(SearchConfig):
             )
         if not (isinstance(self.cg, int | float) and 0.0 <= self.cg <= 1.0):
             raise ConfigError(f"cg must be a number in [0, 1], got {self.cg!r}")
-        check_arch("fixed_arch", self.fixed_arch)
+        if self.fixed_arch is not None:
+            check_arch("fixed_arch", self.fixed_arch)
 
     def finalist_epochs(self) -> int:
         """Epochs every finalist trains before all but the best stop (``final_epochs`` when one)."""

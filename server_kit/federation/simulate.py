@@ -74,7 +74,7 @@ from edge_sdk.shared_init import write_initial_weights
 from edge_sdk.strategies.base import SearchConfig
 from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.pso import PSOConfig
-from edge_sdk.train import release_memory
+from edge_sdk.train import release_memory, to_float
 from export.atomic import atomic_write_json, to_json
 from export.bundle import read_bundle
 from profiles import load_profile
@@ -90,7 +90,10 @@ from server_kit.federation.resume import (
     uploads_of,
 )
 from server_kit.federation.workers import worker_pool
+from server_kit.labelling.ceilings import teacher_ceilings
 from server_kit.report import write_report
+from server_kit.teachers import Federation, split_kinds, without_clones
+from server_kit.teachers.loading import read_uploads, teachers_from_bundles
 from server_kit.training import FusionConfig
 
 __all__ = [
@@ -411,9 +414,8 @@ def _shared_init(config: SimulateConfig, roles: list[str], task: ArrayDataset) -
     if not config.shared_init or not isinstance(config.search, FixedConfig) or set(roles) <= {"cvae"}:
         return None
     path = config.out_dir / "init.onnx"
-    return write_initial_weights(
-        path, config.search.fixed_arch, task.input_shape, task.num_classes, seed=config.seed
-    )
+    arch = config.search.for_input(task.input_shape).fixed_arch
+    return write_initial_weights(path, arch, task.input_shape, task.num_classes, seed=config.seed)
 
 
 def _run_one(data_path: str, bundle_path: str, profile_name: str, config: ClientConfig) -> dict[str, Any]:
@@ -547,6 +549,10 @@ class SimulateResult:
     server_report: Path  # the aggregation's report, relative to ``config.out_dir``
     # the clients that ran, with why their earlier files were not reused ({"client": k, "reason": ...})
     redone_clients: tuple[dict[str, Any], ...] = ()
+    # the classifier uploads' own vote on the test images (server_kit.labelling.teacher_ceilings), the
+    # global model's per-class accuracy and its retention (global over the label-weighted ceiling); None
+    # where no classifier was uploaded
+    teachers: dict[str, Any] | None = None
 
     @property
     def phase_order(self) -> list[str]:
@@ -568,6 +574,7 @@ class SimulateResult:
             "phase_order": self.phase_order,
             "server_report": str(self.server_report),
             "redone_clients": list(self.redone_clients),
+            "teachers": self.teachers,
         }
 
 
@@ -625,6 +632,7 @@ def simulate(
     with timed(seconds, "evaluate_clients"):
         eval_threads = usable_threads()
         clients = [_client_row(k, path, names[k], test, eval_threads) for k, path in enumerate(bundles)]
+        teachers = _teachers_row(uploads, test, agg.report_path)
     seconds["total"] = time.perf_counter() - wall
 
     scored = [c["test_accuracy"] for c in clients if "test_accuracy" in c]
@@ -641,6 +649,7 @@ def simulate(
         started_at=started_at,
         server_report=agg.report_path.relative_to(out),
         redone_clients=tuple({"client": k, "reason": verdicts[k].reason} for k in sorted(todo)),
+        teachers=teachers,
     )
     atomic_write_json(out / "results.json", result.to_dict())
     write_report(out)  # from the files just written (results.json first: a failed drawing loses nothing)
@@ -727,6 +736,26 @@ def _train_clients(
                 future.result()  # re-raise the first client failure
                 logger.info("%s", _client_line(bundles[futures[future]], "trained"))
                 bar.update()
+
+
+def _teachers_row(uploads: list[Path], test: ArrayDataset, server_report: Path) -> dict[str, Any] | None:
+    """The classifier uploads' ceilings on the test set, beside the global model's accuracy overall and
+    per class and its retention (global over label-weighted): whether the devices or the server lost a
+    class. Every classifier upload that loads counts, as the ceilings of the benchmarks count them."""
+    classifiers, _ = split_kinds(without_clones(read_uploads(uploads), on_error="skip", skipped=[]))
+    teachers = teachers_from_bundles(classifiers, skipped=[])
+    if not teachers:
+        return None
+    fed = Federation.from_teachers(teachers, torch.device("cpu"), [])
+    ceilings = teacher_ceilings(fed, to_float(test.x), test.y)
+    report = json.loads(server_report.read_text(encoding="utf-8"))
+    accuracy, per_class = report.get("accuracy"), report.get("per_class_accuracy")
+    weighted = float(ceilings["label_weighted"])  # type: ignore[arg-type]
+    return ceilings | {
+        "global": accuracy,
+        "global_per_class": per_class,
+        "retention": round(accuracy / weighted, 4) if accuracy is not None and weighted > 0 else None,
+    }
 
 
 def _client_row(k: int, path: Path, profile: str, test: ArrayDataset, threads: int) -> dict[str, Any]:

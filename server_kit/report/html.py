@@ -302,6 +302,8 @@ def _header(run: Run) -> str:
         ["alpha", config.get("alpha")],
         ["seed", results.get("seed")],
         ["global accuracy", results.get("global_accuracy")],
+        ["teachers' vote: mean / label-weighted / oracle", _ceilings(results)],
+        ["retention (global / label-weighted vote)", lookup(results, "teachers", "retention")],
         ["mean client accuracy", results.get("mean_client_test_accuracy")],
         ["synthetic samples", results.get("synthetic_size")],
         ["server training", lookup(run.server, "training")],
@@ -320,6 +322,32 @@ def _header(run: Run) -> str:
         + _table(["", ""], rows)
         + f"<details><summary>config (results.json)</summary><pre>{_esc(config_json)}</pre></details>"
     )
+
+
+def _ceilings(results: dict[str, Any]) -> str | None:
+    """The teachers' three ceilings as one cell, or None where the run measured none."""
+    values = [number(lookup(results, "teachers", rule)) for rule in ("mean", "label_weighted", "oracle")]
+    return None if any(v is None for v in values) else " / ".join(_fmt(v) for v in values)
+
+
+def _teachers_table(run: Run, labels: list[str]) -> str:
+    """Per class: the global model beside the teachers' label-weighted vote and oracle on the same test
+    images, and what the server lost of the vote (a class the vote holds and the global model does not
+    was lost by the server; one the vote does not hold, by the devices)."""
+    teachers = lookup(run.results, "teachers")
+    glob = lookup(teachers, "global_per_class")
+    vote = lookup(teachers, "per_class", "label_weighted")
+    oracle = lookup(teachers, "per_class", "oracle")
+    if not (isinstance(glob, list) and isinstance(vote, list) and isinstance(oracle, list)):
+        return ""
+    rows = []
+    per_class = zip(glob[:MAX_DRAWN_CLASSES], vote, oracle, strict=False)  # a class a row, as the figures
+    for c, (g, v, o) in enumerate(per_class):
+        g, v = number(g), number(v)
+        lost = None if g is None or v is None else v - g
+        rows.append([labels[c] if c < len(labels) else c, g, v, number(o), lost])
+    header = ["class", "global", "label-weighted vote", "oracle", "vote - global"]
+    return "<h2>Where the points go: the teachers' vote per class</h2>" + _table(header, rows)
 
 
 def _clients_table(run: Run) -> str:
@@ -359,7 +387,7 @@ def render_report(run: Run) -> str:
         "global model": results.get("global_accuracy"),
         "mean client": results.get("mean_client_test_accuracy"),
     }
-    parts = [_header(run), "<h2>Clients</h2>", _clients_table(run)]
+    parts = [_header(run), _teachers_table(run, labels), "<h2>Clients</h2>", _clients_table(run)]
     with matplotlib.rc_context({"text.parse_math": False, "font.size": 9}):
         partition = partition_figure(lookup(run.partition, "label_histogram"), labels) if labels else None
         per_class = per_class_figure(lookup(server, "per_class_accuracy"), lookup(server, "accuracy"), labels)

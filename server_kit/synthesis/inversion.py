@@ -9,7 +9,9 @@ Choices this module makes (the paper leaves them open):
 
 * Images live in an unconstrained parameter space, x = sigmoid(p) with p ~ N(0, 1) at start (the paper
   initialises from a standard normal): every step yields valid [0, 1] pixels without clipping, and
-  gradients never vanish at a clip boundary.
+  gradients never vanish at a clip boundary. Color images start instead from dead-leaves pictures
+  (``InversionConfig.start``, :mod:`server_kit.synthesis.leaves`): from noise, the few convolutions of
+  a device's model move pixels toward a class without ever making a picture of one.
 * Cosine similarities can be negative, Dirichlet concentrations must be positive: each row is min-max
   scaled to [0, 1] (as ZSKD does) and clamped at ``CONCENTRATION_EPS``.
 * A teacher's samples are interleaved over (class, beta) groups and cut into chunks of ``batch_size``;
@@ -48,6 +50,7 @@ from common.torch_utils import frozen
 from edge_sdk.augment import PAD_SHARE, is_color
 from edge_sdk.precision import autocast, resolve_precision
 from export.atomic import atomic_write_bytes, atomic_write_json
+from server_kit.synthesis.leaves import dead_leaves
 from server_kit.teachers import batch_statistics_gap, classifier_weight, map_teachers
 
 __all__ = [
@@ -61,6 +64,8 @@ __all__ = [
 ]
 
 CONCENTRATION_EPS = 1e-3
+STARTS = ("noise", "leaves")  # where inversion's images start (InversionConfig.start)
+LEAVES_MARGIN = 0.05  # a dead-leaves start's pixels are clamped to [m, 1 - m] before sigmoid's inverse
 NATURAL_JITTER = 1 / PAD_SHARE  # the shift prior on color images: the devices' crop, 1/8 of the side
 _WORK_FORMAT = 1
 
@@ -98,6 +103,10 @@ class InversionConfig:
     # "all": every teacher is inverted for every class (the paper); "held": only for the classes its label
     # counts hold, in proportion to them (an image a teacher makes for a class it never saw is noise)
     classes: Literal["all", "held"] = "all"
+    # where the images start: "noise" (x = sigmoid(p), p ~ N(0, 1): the paper) or "leaves", dead-leaves
+    # pictures (server_kit.synthesis.leaves), so the images keep a camera's edges and flat regions while
+    # they move toward their class; none: leaves for color images, noise for the rest
+    start: Literal["noise", "leaves"] | None = None
 
     def __post_init__(self) -> None:
         for name in ("samples_per_teacher", "steps", "batch_size"):
@@ -123,15 +132,19 @@ class InversionConfig:
             raise ConfigError(f"jitter must be a fraction of the side in [0, 0.5), got {self.jitter!r}")
         if self.flip is not None and not isinstance(self.flip, bool):
             raise ConfigError(f"flip must be true, false or none, got {self.flip!r}")
+        if self.start not in (None, *STARTS):
+            raise ConfigError(f"start must be one of {STARTS} or none (from the images), got {self.start!r}")
 
     def for_images(self, input_shape: tuple[int, int, int]) -> InversionConfig:
-        """``jitter`` and ``flip`` decided where None: on for color images
-        (:func:`edge_sdk.augment.is_color`), a shift of up to 1/8 of the side (DeepInversion's 30 of 224
-        pixels) and the flip; off for the rest (a mirrored digit is no digit)."""
+        """``jitter``, ``flip`` and ``start`` decided where None: for color images
+        (:func:`edge_sdk.augment.is_color`) a shift of up to 1/8 of the side (DeepInversion's 30 of 224
+        pixels), the flip and dead-leaves starts; for the rest no moves (a mirrored digit is no digit)
+        and noise, as the paper starts."""
         color = is_color(input_shape)
         jitter = (NATURAL_JITTER if color else 0.0) if self.jitter is None else self.jitter
         flip = color if self.flip is None else self.flip
-        return replace(self, jitter=jitter, flip=flip)
+        start = ("leaves" if color else "noise") if self.start is None else self.start
+        return replace(self, jitter=jitter, flip=flip, start=start)
 
     @classmethod
     def preset(cls, name: str = "fast", **overrides: object) -> InversionConfig:
@@ -141,14 +154,16 @@ class InversionConfig:
         return from_preset(cls, _PRESETS, name, "inversion", **overrides)
 
     def to_dict(self) -> dict[str, object]:
-        """The fields; ``jitter`` and ``flip`` only when on, so inversion chunks and reports made before
-        they existed still match their settings on resume."""
+        """The fields; ``jitter`` and ``flip`` only when on and ``start`` only when not noise, so inversion
+        chunks and reports made before they existed still match their settings on resume."""
         out = asdict(self)
         out["betas"] = list(self.betas)
         if out["jitter"] is None or out["jitter"] == 0:
             del out["jitter"]
         if not out["flip"]:  # None (undecided) or False
             del out["flip"]
+        if out["start"] in (None, "noise"):
+            del out["start"]
         return out
 
 
@@ -312,7 +327,12 @@ def _invert_chunk(
             where = ((classes == c) & (betas == b)).nonzero().flatten()
             if where.numel():
                 targets[where] = dirichlet_targets(concentrations[c], beta, where.numel(), gen)
-    p = torch.randn((len(chunk), *input_shape), generator=gen)  # B x C x H x W, x = sigmoid(p)
+    if config.start is None:
+        raise ConfigError("decide the images' start first: InversionConfig.for_images(input_shape)")
+    if config.start == "leaves":  # x = sigmoid(p) starts at the picture, kept off sigmoid's flat tails
+        p = torch.logit(dead_leaves(len(chunk), input_shape, gen), eps=LEAVES_MARGIN)
+    else:
+        p = torch.randn((len(chunk), *input_shape), generator=gen)  # B x C x H x W, x = sigmoid(p)
     p = p.to(device, memory_format=torch.channels_last).requires_grad_(True)
     targets = targets.to(device)
     optimizer = adam([p], lr=config.lr)

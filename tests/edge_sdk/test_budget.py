@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from common.errors import ConfigError
 from common.timing import Deadline
@@ -284,3 +285,30 @@ def test_cli_run_with_a_tiny_real_budget_finishes_and_says_where_it_stopped(
     assert read_bundle(out).metrics["budget_stopped"] == report["budget"]["stopped"]
     assert main([*argv, "--time-budget-s", "0"]) == 2
     assert "time_budget_s must be a finite number of seconds > 0" in capsys.readouterr().err
+
+
+def test_final_epochs_left_to_the_recipe_are_what_the_budget_pays_for() -> None:
+    color, n = (3, 32, 32), 5_000
+    n_train = 4_000  # the 80 % split of 5,000
+    # the warm start costs about 20.7 MFLOP per 32x32x3 image: at 10 GFLOP/s one epoch of training on
+    # 4,000 images is ~25 s, and the final training may take FINAL_TRAINING_SHARE (half) of the budget
+    slow = DeviceProfile(name="slow", memory_mb=4096.0, gflops=10.0, max_flops=10**9, max_params=10**8,
+                         time_budget_s=600.0)  # fmt: skip
+    config = ClientConfig(search=FixedConfig())
+    resolved = config.for_device(slow, n=n, input_shape=color, num_classes=10)
+    epochs = resolved.search.final_epochs
+    flops = reference_flops(resolved.search, slow, color, 10)
+    assert 1 <= epochs < PSOConfig().for_input(color).final_epochs
+    assert 3 * flops * n_train * epochs <= 0.5 * 600 * 10e9 < 3 * flops * n_train * (epochs + 1)
+    # a fast device trains the recipe's epochs; a given number is kept whatever the budget
+    fast = config.for_device(ROOMY, n=n, input_shape=color, num_classes=10).search
+    assert fast.final_epochs == PSOConfig().for_input(color).final_epochs
+    given = ClientConfig(search=FixedConfig(final_epochs=30)).for_device(
+        slow, n=n, input_shape=color, num_classes=10
+    )
+    assert given.search.final_epochs == 30
+    # the config's own time budget counts, and the key a resume compares records what will run
+    longer = ClientConfig(search=FixedConfig(), time_budget_s=1200.0)
+    assert longer.for_device(slow, n=n, input_shape=color, num_classes=10).search.final_epochs >= epochs
+    data = ArrayDataset(x=torch.zeros((n, *color), dtype=torch.uint8), y=torch.arange(n) % 10, num_classes=10)
+    assert resume_key(config, data, slow)["config"]["search"]["final_epochs"] == epochs

@@ -147,7 +147,7 @@ def test_a_warm_start_the_search_ranks_first_trains_alone(
 
 def test_finalist_epochs_rule() -> None:
     assert PSOConfig().for_input((1, 8, 8)).finalist_epochs() == 2  # a quarter of 8
-    assert PSOConfig().for_input((3, 32, 32)).finalist_epochs() == 5  # a quarter of 20
+    assert PSOConfig().for_input((3, 32, 32)).finalist_epochs() == 10  # a quarter of 40
     assert PSOConfig(final_epochs=3).finalist_epochs() == 1
     assert PSOConfig(final_epochs=3, finalist_share=1.0).finalist_epochs() == 3
     assert PSOConfig(finalists=1, final_epochs=8).finalist_epochs() == 8

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,10 +20,13 @@ from edge_sdk.halving import halving_rungs, plateaued, rank_finalists, schedule_
 from edge_sdk.search import SearchResult
 from edge_sdk.strategies.base import (
     AUGMENTED_FINAL_EPOCHS,
+    AUGMENTED_WARM_START,
     PLAIN_FINAL_EPOCHS,
+    PLAIN_WARM_START,
     PLATEAU_PATIENCE,
     RECORD_DEFAULTS,
 )
+from edge_sdk.strategies.baselines import FixedConfig
 from edge_sdk.strategies.pso import PSOConfig
 
 
@@ -92,10 +95,19 @@ FLOPS = {"a": 100, "b": 50, "c": 10}
 PARAMS = {"a": 1_000, "b": 5_000, "c": 100}
 
 
-def _fake_train_more(calls: list[tuple[str, int]]) -> Any:
+@dataclass(frozen=True)
+class _Trained:
+    arch: str
+    metrics: dict[str, Any]
+    history: tuple[dict[str, float], ...]
+
+
+def _fake_train_more(calls: list[tuple[str, int]], sizes: list[int] | None = None) -> Any:
     def train_more(*_: Any, **__: Any) -> Any:
         before, arch, epochs = _[3], _[4], _[5]
         calls.append((arch, epochs))
+        if sizes is not None:
+            sizes.append(len(_[0]))  # the training split's images
         done = (before.metrics["final_epochs"] if before is not None else 0) + epochs
         acc = CURVES[arch][done - 1]
         metrics = {
@@ -110,7 +122,7 @@ def _fake_train_more(calls: list[tuple[str, int]]) -> Any:
             "plateau_stopped": False,
         }
         history = tuple({"val_loss": 1 - CURVES[arch][e]} for e in range(done))
-        return SimpleNamespace(arch=arch, metrics=metrics, history=history)
+        return _Trained(arch=arch, metrics=metrics, history=history)
 
     return train_more
 
@@ -122,12 +134,17 @@ class _Split:
     def __len__(self) -> int:
         return self.n
 
+    def concat(self, other: _Split) -> _Split:
+        return _Split(self.n + other.n)
+
 
 def test_successive_halving_keeps_the_right_finalists(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(client, "_train_more", _fake_train_more(calls))
     result = SearchResult("pso", "a", 0.1, (), 0, 0, 0, 0.0, (("a", 0.1),), finalists=("a", "b", "c"))
-    config = ClientConfig(search=PSOConfig(final_epochs=8, plateau_patience=0), role="classifier")
+    config = ClientConfig(
+        search=PSOConfig(final_epochs=8, plateau_patience=0, rest_on_all=False), role="classifier"
+    )
     # 10,000 validation images: a standard error of 0.2 points, no near ties
     best, rows, cut = client._train_finalists(
         result,
@@ -151,7 +168,9 @@ def test_successive_halving_keeps_the_right_finalists(monkeypatch: pytest.Monkey
 def test_successive_halving_keeps_the_warm_start_on_a_tie(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(client, "_train_more", _fake_train_more(calls))
-    config = ClientConfig(search=PSOConfig(final_epochs=8, plateau_patience=0), role="classifier")
+    config = ClientConfig(
+        search=PSOConfig(final_epochs=8, plateau_patience=0, rest_on_all=False), role="classifier"
+    )
     # 100 validation images: a standard error of about 2 points; after two epochs a (0.95) and the warm
     # start b (0.94) tie, a costs more FLOPs, so b trains on; with a as the warm start, b (fewer FLOPs,
     # more parameters) is not cheaper in both budgets, so a does
@@ -164,6 +183,40 @@ def test_successive_halving_keeps_the_warm_start_on_a_tie(monkeypatch: pytest.Mo
             result, _Split(), _Split(100), config, Deadline.after(math.inf)  # type: ignore[arg-type]
         )  # fmt: skip
         assert calls == [("a", 1), ("b", 1), ("c", 1), ("b", 1), ("a", 1), (warm, 6)] and best.arch == warm
+
+
+def test_the_winner_trains_its_last_epochs_on_every_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int]] = []
+    sizes: list[int] = []
+    monkeypatch.setattr(client, "_train_more", _fake_train_more(calls, sizes))
+    config = ClientConfig(search=PSOConfig(final_epochs=8, plateau_patience=0), role="classifier")
+    assert config.search.for_input((3, 8, 8)).rests_on_all()  # on where no plateau rule reads the curve
+    result = SearchResult("pso", "a", 0.1, (), 0, 0, 0, 0.0, (("a", 0.1),), finalists=("a", "b", "c"))
+    best, rows, _ = client._train_finalists(
+        result, _Split(8_000), _Split(2_000), config, Deadline.after(math.inf)  # type: ignore[arg-type]
+    )  # fmt: skip
+    # the rungs on the training split, the winner's rest on all 10,000 images
+    assert calls == [("a", 1), ("b", 1), ("c", 1), ("b", 1), ("a", 1), ("a", 6)]
+    assert sizes == [8_000] * 5 + [10_000]
+    # its validation numbers are those measured on images it had not seen (after two epochs), and the
+    # report says when; the device plan counts the six epochs' extra images
+    assert (best.metrics["val_accuracy"], best.metrics["val_epochs"]) == (0.95, 2)
+    assert rows[0]["epochs_on_all"] == 6 and rows[0]["final_epochs"] == 8
+    assert "final_val_accuracy" not in rows[0]
+    # a lone finalist holds the validation images back for the halving's share first
+    calls.clear()
+    sizes.clear()
+    lone = SearchResult("pso", "a", 0.1, (), 0, 0, 0, 0.0, (("a", 0.1),), finalists=("a",))
+    best, rows, _ = client._train_finalists(
+        lone, _Split(8_000), _Split(2_000), config, Deadline.after(math.inf)  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert calls == [("a", 2), ("a", 6)] and sizes == [8_000, 10_000]
+    assert (best.metrics["val_accuracy"], best.metrics["val_epochs"]) == (0.95, 2)
+    assert rows[0]["epochs_on_all"] == 6
+    # a plateau rule reads the validation curve to the end: the two do not go together
+    with pytest.raises(ConfigError, match="rest_on_all trains on the validation images"):
+        PSOConfig(final_epochs=8, plateau_patience=2, rest_on_all=True).rests_on_all()
+    assert not PSOConfig(final_epochs=8, plateau_patience=2).rests_on_all()
 
 
 def test_final_epochs_and_plateau_follow_the_recipe() -> None:
@@ -184,6 +237,10 @@ def test_final_epochs_and_plateau_follow_the_recipe() -> None:
     assert (cropped.final_epochs, cropped.plateau_patience) == (AUGMENTED_FINAL_EPOCHS, PLATEAU_PATIENCE)
     given = PSOConfig(final_epochs=5, plateau_patience=3).for_input(color)
     assert (given.final_epochs, given.plateau_patience) == (5, 3)
+    # the hand-made design follows the recipe too: CNN1 for plain images, three 3x3 stages for pictures
+    assert (plain.fixed_arch, rich.fixed_arch) == (PLAIN_WARM_START, AUGMENTED_WARM_START)
+    assert FixedConfig().for_input(color).fixed_arch == AUGMENTED_WARM_START
+    assert PSOConfig(fixed_arch="C8k3-P-F10").for_input(color).fixed_arch == "C8k3-P-F10"
     with pytest.raises(ConfigError, match="for_input"):
         PSOConfig().final_training_epochs()
     with pytest.raises(ConfigError, match="for_input"):

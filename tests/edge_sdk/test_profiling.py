@@ -10,6 +10,7 @@ from common.errors import ConfigError, SpecError
 from edge_sdk.models.arch import build_model
 from edge_sdk.models.chain.spec import ChainSpec
 from edge_sdk.profiling import (
+    LATENCY_MS,
     ModelProfile,
     _activations_at,
     _example,
@@ -181,10 +182,9 @@ def test_measure_device() -> None:
     assert (profile.name, profile.role, profile.time_budget_s) == ("here", "cvae", 1800.0)
     assert profile.gflops > 0 and profile.cores >= 1 and profile.memory_mb > 0
     assert "conv3x3" in profile.gflops_source and "matmul" in profile.gflops_source
-    # The documented rule: 1000 inferences/s at the measured rate; params capped by max_flops / 2.
-    assert profile.max_flops == pytest.approx(
-        profile.gflops * 1e6, rel=1e-3
-    )  # max_flops is truncated to an int
+    # The documented rule: one image in LATENCY_MS at the measured rate; params capped by max_flops / 2.
+    assert profile.max_flops == pytest.approx(profile.gflops * 1e6 * LATENCY_MS, rel=1e-3)
+    assert profile.latency_ms == pytest.approx(LATENCY_MS, rel=1e-3)
     assert 1 <= profile.max_params <= profile.max_flops / 2
     with pytest.raises(ConfigError, match="seconds must be a positive number"):
         measure_device(seconds=0)

@@ -483,8 +483,9 @@ def test_record_keeps_the_single_config_shape() -> None:
         "weight_decay": None,
     }
     gray = (1, 28, 28)  # resolved for grayscale input, the input of every run before #31
-    # the fields added since: an old record had no budget and no cap; PSO's finalists must beat the warm start
-    added = {"search_budget": None, "finalists_beat_warm": True, "flop_cap": None}
+    # the fields added since: an old record had no budget and no cap; PSO's finalists must beat the warm
+    # start; the winner's rest on every image is left to the recipe
+    added = {"search_budget": None, "finalists_beat_warm": True, "flop_cap": None, "rest_on_all": None}
     assert old_default | added == RECORD_DEFAULTS
     now = {"search_budget": 0.125, "flop_cap": 1.0, "final_epochs": PLAIN_FINAL_EPOCHS}
     current = {key: (old_default | added | now)[key] for key in RECORD_DEFAULTS}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -20,6 +21,7 @@ from server_kit.synthesis.inversion import (
     synthesize_inversion,
     teacher_seed,
 )
+from server_kit.synthesis.leaves import dead_leaves
 
 SHAPE = (1, 8, 8)
 L = 3
@@ -271,3 +273,38 @@ def test_resume_refuses_a_different_run(tmp_path):
     other = [*teachers[:2], tiny_teacher("C4k3-C4k3-P-F3", 99)]
     with pytest.raises(ConfigError, match="teachers"):
         synthesize_inversion(other, num_classes=L, input_shape=SHAPE, config=config(), seed=0, work_dir=work)
+
+
+def test_dead_leaves_are_seeded_pictures_of_flat_regions():
+    gen = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    a, b = dead_leaves(6, (3, 16, 16), gen()), dead_leaves(6, (3, 16, 16), gen())
+    assert torch.equal(a, b) and a.shape == (6, 3, 16, 16) and a.dtype == torch.float32
+    assert float(a.min()) >= 0 and float(a.max()) <= 1
+    # occluding shapes: most neighbouring pixels are equal (noise has none equal), and the images differ
+    assert float((a[..., 1:] == a[..., :-1]).float().mean()) > 0.5
+    assert not torch.equal(a[0], a[1])
+    assert dead_leaves(0, (1, 4, 4), gen()).shape == (0, 1, 4, 4)
+    with pytest.raises(ConfigError, match="positive"):
+        dead_leaves(2, (3, 0, 4), gen())
+
+
+def test_color_inversion_starts_from_dead_leaves_and_grayscale_from_noise():
+    color, gray = (3, 8, 8), (1, 8, 8)
+    assert InversionConfig.preset().for_images(color).start == "leaves"
+    assert InversionConfig.preset().for_images(gray).start == "noise"
+    assert InversionConfig.preset(start="noise").for_images(color).start == "noise"
+    # a record of before the field matches on resume: noise is left out, leaves recorded
+    assert "start" not in config(start="noise").to_dict()
+    assert config(start="leaves").to_dict()["start"] == "leaves"
+    with pytest.raises(ConfigError, match="start must be one of"):
+        config(start="fractal")
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        teacher = build_model("C4k3-P-F3", color, L).eval()
+    # one tiny step: the images are still the pictures they started from (flat regions kept)
+    step = config(steps=1, lr=1e-4, start="leaves", jitter=0.0, flip=False)
+    x = invert_teacher(teacher, num_classes=L, input_shape=color, config=step, seed=1)[0]
+    assert float((x[..., 1:] - x[..., :-1]).abs().lt(1e-2).float().mean()) > 0.5
+    noisy = dataclasses.replace(step, start="noise")
+    noise = invert_teacher(teacher, num_classes=L, input_shape=color, config=noisy, seed=1)[0]
+    assert float((noise[..., 1:] - noise[..., :-1]).abs().lt(1e-2).float().mean()) < 0.1

@@ -88,6 +88,21 @@ def test_simulate_writes_a_self_contained_report_beside_results(run):
     assert config and json.loads(html.unescape(config.group(1))) == results["config"]
 
 
+def test_the_page_shows_what_the_teachers_knew_and_what_the_server_kept(run):
+    results = json.loads((run / "results.json").read_text())
+    teachers = results["teachers"]
+    # the ceilings of the classifier uploads on the test split, the global model beside them
+    assert 0 <= teachers["mean"] <= 1 and 0 <= teachers["label_weighted"] <= teachers["oracle"] <= 1
+    assert teachers["global"] == results["global_accuracy"]
+    assert teachers["retention"] == round(teachers["global"] / teachers["label_weighted"], 4)
+    assert len(teachers["per_class"]["label_weighted"]) == len(teachers["global_per_class"]) == 10
+    page = (run / REPORT_FILE).read_text()
+    assert "<td>retention (global / label-weighted vote)</td>" in page
+    assert f'<td class="num">{teachers["retention"]:.4f}</td>' in page
+    table = re.search(r"Where the points go.*?</table>", page, re.S)
+    assert table and table.group(0).count("<tr>") == 1 + 10  # the header, then a row per class
+
+
 def test_report_command_rebuilds_the_same_page(run, tmp_path, capsys):
     copy = copy_run(run, tmp_path / "run")
     assert not (copy / REPORT_FILE).exists()
