@@ -127,9 +127,9 @@ class CVAEConfig:
         class_prior: after training, fit each class's latent distribution (a full-covariance Gaussian of
             where the encoder put its training images) into the decoder, so the server's z ~ N(0, I) is
             mapped to that class's region; without it a class drawn from N(0, I) can come out as another
-            one. The architecture's name then ends in -classprior. On in simulate's fedmho method, where
-            decoder samples are all the global model trains on; off by default, where they are one
-            source among three.
+            one. The architecture's name then ends in -classprior. On by default: a plain device's
+            decoder samples are then recognised as the class they were drawn for far more often, and a
+            device should not need to know which server method will read its decoder.
         width: units of the hidden layer of the encoder and of the decoder; none: 256 (the reference's)
             where the whole CVAE fits the device's budget, else the widest of 128, 64, 32 and 16 that
             does. The architecture's name then says it (cvae-small-w64-z20).
@@ -141,7 +141,7 @@ class CVAEConfig:
     lr: float = 3e-3
     batch_size: int = 64
     kl_weight: float = 1.0
-    class_prior: bool = False
+    class_prior: bool = True
     width: int | None = None
 
     def __post_init__(self) -> None:

@@ -134,9 +134,10 @@ def test_arch_strings() -> None:
     assert with_prior.arch == "cvae-small-z20-classprior"
     assert parse_cvae_arch(with_prior.arch) == ("cvae-small", 20)
     assert build_cvae("cvae-small-z20", (1, 8, 8), 10).decoder.prior is None
-    assert CVAEConfig().arch == "cvae-small-z20"
+    assert CVAEConfig().arch == "cvae-small-z20-classprior"  # the default fits the class prior
+    assert CVAEConfig(class_prior=False).arch == "cvae-small-z20"
     assert CVAEConfig(class_prior=True).arch == "cvae-small-z20-classprior"
-    assert "class_prior" not in CVAEConfig().to_dict()  # so older reports match on resume
+    assert "class_prior" not in CVAEConfig(class_prior=False).to_dict()  # older reports: no prior
     assert CVAEConfig(class_prior=True).to_dict()["class_prior"] is True
     with pytest.raises(ConfigError, match="class_prior"):
         CVAEConfig(class_prior=1)  # type: ignore[arg-type]
@@ -148,9 +149,9 @@ def test_arch_strings() -> None:
         20,
     )
     assert build_cvae("cvae-large-w32-z4", (1, 8, 8), 10).encoder.mean.in_features == 32 + 10
-    assert (
-        CVAEConfig(width=64).arch == "cvae-small-w64-z20" and CVAEConfig(width=256).arch == "cvae-small-z20"
-    )
+    plain = CVAEConfig(class_prior=False)
+    assert dataclasses.replace(plain, width=64).arch == "cvae-small-w64-z20"
+    assert dataclasses.replace(plain, width=256).arch == "cvae-small-z20"
     assert "width" not in CVAEConfig().to_dict() and CVAEConfig(width=64).to_dict()["width"] == 64
     with pytest.raises(SpecError, match="width must be at most 4096"):
         build_cvae("cvae-small-w5000-z2", (1, 8, 8), 10)
@@ -461,7 +462,7 @@ def test_run_client_both_and_budget(digits: ArrayDataset, tmp_path: Path) -> Non
     narrow = run_client(
         digits, profile=small, config=ClientConfig(cvae=CVAEConfig(epochs=1)), out=tmp_path / "n"
     )
-    assert read_bundle(narrow.bundle_path).arch == "cvae-small-w32-z20"
+    assert read_bundle(narrow.bundle_path).arch == "cvae-small-w32-z20-classprior"
     assert load_decoder(narrow.bundle_path).hidden.out_features == 32  # the server rebuilds it at its width
     with pytest.raises(BudgetError, match=r"does not fit the device.*max_params.*--cvae-width"):
         config = ClientConfig(cvae=CVAEConfig(epochs=1, width=256))
