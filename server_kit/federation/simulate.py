@@ -632,7 +632,7 @@ def simulate(
     with timed(seconds, "evaluate_clients"):
         eval_threads = usable_threads()
         clients = [_client_row(k, path, names[k], test, eval_threads) for k, path in enumerate(bundles)]
-        teachers = _teachers_row(uploads, test, agg.report_path)
+        teachers = _teachers_row(uploads, test, agg.report)
     seconds["total"] = time.perf_counter() - wall
 
     scored = [c["test_accuracy"] for c in clients if "test_accuracy" in c]
@@ -738,7 +738,9 @@ def _train_clients(
                 bar.update()
 
 
-def _teachers_row(uploads: list[Path], test: ArrayDataset, server_report: Path) -> dict[str, Any] | None:
+def _teachers_row(
+    uploads: list[Path], test: ArrayDataset, server_report: dict[str, Any]
+) -> dict[str, Any] | None:
     """The classifier uploads' ceilings on the test set, beside the global model's accuracy overall and
     per class and its retention (global over label-weighted): whether the devices or the server lost a
     class. Every classifier upload that loads counts, as the ceilings of the benchmarks count them."""
@@ -748,8 +750,7 @@ def _teachers_row(uploads: list[Path], test: ArrayDataset, server_report: Path) 
         return None
     fed = Federation.from_teachers(teachers, torch.device("cpu"), [])
     ceilings = teacher_ceilings(fed, to_float(test.x), test.y)
-    report = json.loads(server_report.read_text(encoding="utf-8"))
-    accuracy, per_class = report.get("accuracy"), report.get("per_class_accuracy")
+    accuracy, per_class = server_report.get("accuracy"), server_report.get("per_class_accuracy")
     weighted = float(ceilings["label_weighted"])  # type: ignore[arg-type]
     return ceilings | {
         "global": accuracy,
